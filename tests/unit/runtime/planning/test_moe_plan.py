@@ -106,3 +106,26 @@ def test_eq3_with_gep(dp, gen_tp):
     assert (redundant.generation_replicas, redundant.generation_expert_split) == (gdp, gen_tp)
     assert redundant.paper_bytes == gdp * (dense + experts // gen_tp)
     assert redundant.naive_bytes == gdp * (dense // dp + experts // dp)
+
+
+def test_a_pipeline_stage_holds_and_dispatches_its_layers_experts_only():
+    """PP 2 x DP 4 x EP 2: a rank's stage holds 24 of the 48 MoE layers, so its expert shard and its
+    all-to-all halve, and eq. 3 counts the heaviest stage's TW and EW (the last: its layers, the LM head and
+    the final norm)."""
+    shape = PRESETS["qwen3-30b-a3b"]
+    cfg = _cfg(2, 4)
+    staged = cfg.model_copy(
+        update={"training": cfg.training.model_copy(update={"pipeline_parallel_size": 2, "router_aux_loss_coef": 0})}
+    )
+    whole, half = plan_memory(cfg, shape).moe, plan_memory(staged, shape).moe
+    assert whole is not None and half is not None
+    assert half.expert_bytes_per_rank == 24 * 128 * 3 * 2048 * 768 * 2 // 2 == whole.expert_bytes_per_rank // 2
+    assert half.all_to_all_bytes == whole.all_to_all_bytes // 2
+    stage_experts = 24 * 128 * 3 * 2048 * 768
+    stage_dense = 151936 * 2048 + 24 * (shape.layer_params - shape.expert_params) + 2048
+    gdp = 8  # 8 actor ranks, an engine each
+    assert half.redundant.paper_bytes == gdp * (stage_dense * 2 + stage_experts * 2)
+    assert half.redundant.naive_bytes == gdp * (stage_dense * 2 // 4 + stage_experts * 2 // 4)  # FSDP over 4
+    assert whole.redundant.paper_bytes == 4 * (
+        whole.redundant.dense_weight_bytes + whole.redundant.expert_weight_bytes
+    )  # at one stage, the whole model's (4 ranks, 4 engines)

@@ -170,12 +170,13 @@ def test_more_stages_than_layers_are_refused_naming_the_field():
     assert check_fit(job(pipeline_parallel_size=2), two_layers, device_memory=64 * GIB).fits
 
 
-def test_a_pipelined_job_too_long_for_its_device_is_not_told_to_add_cp():
-    """The config refuses CP beside PP, so the verdict's CP search is left out under PP."""
+def test_a_pipelined_job_too_long_for_its_device_is_told_the_cp_size_it_needs():
+    """CP composes with PP (each stage's CP ranks split the positions), so the verdict's CP search runs under PP."""
     data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text())
     data["algorithm"]["max_response_length"] = 131072  # a 133K-token trajectory: CP's case at p = 1
     data["rollout"].update(dtype="bfloat16", gpu_memory_utilization=0.3)
     data["training"]["pipeline_parallel_size"] = 2
     data["resources"]["num_nodes"] = 8
     verdict = check_fit(parse_job_config(data), PRESETS["qwen2.5-7b"], device_memory=48 * GIB)
-    assert not verdict.fits and verdict.field != "training.context_parallel_size"
+    assert not verdict.fits and verdict.field == "training.context_parallel_size"
+    assert "context_parallel_size >= 2" in verdict.message

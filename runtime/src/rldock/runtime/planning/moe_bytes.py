@@ -9,6 +9,7 @@ from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.runtime.planning.activations import micro_batch_tokens
 from rldock.runtime.planning.dtypes import DTYPE_BYTES, compute_element_bytes
+from rldock.runtime.planning.pipeline_stages import stage_layer_counts, stage_vocab_params
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.planning.training_state import fsdp_shard_ranks
 
@@ -22,7 +23,7 @@ class MoePlan:
     active_params: int
     expert_parallel_size: int
     experts_per_rank: int  # each MoE layer's experts one EP rank holds
-    expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
+    expert_bytes_per_rank: int  # their parameter bytes over its stage's layers, before FSDP's 1/(dp/ep)
     all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
     # (a CP rank: its 1/cp of the positions)
     redundant: RedundantWeights
@@ -42,7 +43,12 @@ class RedundantWeights:
     rldock runs no engine EP). rldock's training layout splits further, so what its naive resharding
     leaves (`naive_bytes`) is R with the update's own splits: TW over UTP x the FSDP shards, EW over
     training.expert_parallel_size x the expert-data-parallel FSDP shards (every rank holds 1/dp of
-    either under FSDP). allgather_swap leaves none: the training state goes to the host."""
+    either under FSDP). allgather_swap leaves none: the training state goes to the host.
+
+    Under the update's pipeline parallelism (UPP stages) an update rank holds its stage's layers only, so both
+    figures count the heaviest stage's TW and EW (its layers, its vocabulary matrix, the final norm on the
+    last) where the whole model's stand at one stage; `dense_weight_bytes` and `expert_weight_bytes` stay the
+    whole model's."""
 
     generation_replicas: int  # GDP
     generation_expert_split: int  # GEP
@@ -64,6 +70,7 @@ def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeight
     dense_split = training.tensor_parallel_size * (fsdp_shard_ranks(cfg) if fsdp else 1)
     expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
     gdp, gep = layout.num_generation_replicas, layout.generation_tp
+    stages = [_stage_weights(shape, stage=s, stages=training.pipeline_parallel_size) for s in range(layout.pp)]
     return RedundantWeights(
         generation_replicas=gdp,
         generation_expert_split=gep,
@@ -71,9 +78,18 @@ def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeight
         expert_weight_bytes=experts,
         dense_split=dense_split,
         expert_split=expert_split,
-        paper_bytes=gdp * (dense // training.tensor_parallel_size + experts // gep),
-        naive_bytes=gdp * (dense // dense_split + experts // expert_split),
+        paper_bytes=max(gdp * (d * element // training.tensor_parallel_size + e * element // gep) for d, e in stages),
+        naive_bytes=max(gdp * (d * element // dense_split + e * element // expert_split) for d, e in stages),
     )
+
+
+def _stage_weights(shape: ModelShape, *, stage: int, stages: int) -> tuple[int, int]:
+    """(TW, EW) parameters of pipeline stage `stage` of `stages`: its layers' dense and expert parameters, its
+    vocabulary matrices and, on the last, the final norm (the whole model's at one stage)."""
+    layers = stage_layer_counts(shape.num_layers, stages)[stage]
+    vocab = stage_vocab_params(shape, stage=stage, stages=stages)
+    norm = shape.hidden_size if stage == stages - 1 else 0
+    return vocab + layers * (shape.layer_params - shape.expert_params) + norm, layers * shape.expert_params
 
 
 def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
@@ -81,10 +97,13 @@ def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
     micro-batch's tokens' k copies to their experts and the outputs back (2 x tokens x k x h
     elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
     evenly; the backward moves as much again. Under CP a rank routes its ceil(tokens / cp) positions
-    only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout)."""
+    only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout). Under PP a rank holds
+    and dispatches for its stage's layers only: the figures count the fullest stage's."""
     if not shape.is_moe:
         return None
-    ep, cp = cfg.training.expert_parallel_size, cfg.training.context_parallel_size
+    training = cfg.training
+    ep, cp = training.expert_parallel_size, training.context_parallel_size
+    layers = max(stage_layer_counts(shape.num_layers, training.pipeline_parallel_size))  # a rank's stage's
     element = compute_element_bytes(cfg)
     tokens = -(-micro_batch_tokens(cfg) // cp)  # this rank's positions of the micro-batch
     sent = 2 * tokens * shape.num_experts_per_tok * shape.hidden_size * element
@@ -94,7 +113,7 @@ def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
         active_params=shape.active_params,
         expert_parallel_size=ep,
         experts_per_rank=shape.num_experts // ep,
-        expert_bytes_per_rank=shape.num_layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
-        all_to_all_bytes=shape.num_layers * sent * (ep - 1) // ep,
+        expert_bytes_per_rank=layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
+        all_to_all_bytes=layers * sent * (ep - 1) // ep,
         redundant=plan_redundant_weights(cfg, shape),
     )

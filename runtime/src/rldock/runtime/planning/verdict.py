@@ -4,8 +4,8 @@ The candidates are single-field changes, cheapest in compute first; each is re-p
 first that fits is named in the refusal. When none does alone, the refusal names the data-parallel
 size FSDP (with the other savings) would need, or, when even checkpointed a pass's activations fill
 half the device (a long sequence), first the context-parallel size that splits each sequence enough
-(`training.context_parallel_size`, one that divides the heads and KV heads; not under pipeline
-parallelism, which the config refuses beside it). More pipeline stages than the model has layers are
+(`training.context_parallel_size`, one that divides the heads and KV heads; under pipeline parallelism
+too, each stage's CP ranks splitting the positions). More pipeline stages than the model has layers are
 refused first, naming training.pipeline_parallel_size.
 """
 
@@ -191,8 +191,7 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
         cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap", tensor_parallel_size=1
     )
     # Even checkpointed, a pass's activations fill half the device: the sequence, not the model, is the problem.
-    # Not under PP, which the config refuses beside CP (docs/scaling.md, section 12).
-    if stages == 1 and plan_memory(lean, shape, device_memory=device_memory).update.activations > device_memory // 2:
+    if plan_memory(lean, shape, device_memory=device_memory).update.activations > device_memory // 2:
         verdict = _context_parallel_verdict(lean, shape, need=need, device_memory=device_memory)
         if verdict is not None:
             return verdict
