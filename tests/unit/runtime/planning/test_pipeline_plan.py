@@ -180,3 +180,26 @@ def test_a_pipelined_job_too_long_for_its_device_is_told_the_cp_size_it_needs():
     verdict = check_fit(parse_job_config(data), PRESETS["qwen2.5-7b"], device_memory=48 * GIB)
     assert not verdict.fits and verdict.field == "training.context_parallel_size"
     assert "context_parallel_size >= 2" in verdict.message
+
+
+def _one_rank_7b(**algorithm):
+    """The 7B paper example on one DDP rank of a 64 GiB device, in float32 (docs/scaling.md's first plan)."""
+    data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text())
+    data["training"].update(data_parallel_size=1, strategy="ddp", mixed_precision="none")
+    data["resources"].update(num_nodes=1, devices_per_node=2)  # a critic's rank has a device of its own
+    data["algorithm"].update(algorithm)
+    return parse_job_config(data)
+
+
+def test_a_job_no_single_setting_fits_is_told_the_pipeline_stages_beside_the_data_parallel_size():
+    verdict = check_fit(_one_rank_7b(), PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
+    assert not verdict.fits and verdict.field == "training.data_parallel_size"
+    assert "training.data_parallel_size >= 4" in verdict.message
+    # the fewest stages at which the lean job fits: 2 do not, 4 do (7.6B parameters' state over 4 stages)
+    assert "training.pipeline_parallel_size >= 4 at data_parallel_size 1" in verdict.message
+    # a critic's job is told no stages: the config refuses PP beside a critic (on 128 GiB its critic fits)
+    ppo = check_fit(_one_rank_7b(name="ppo"), PRESETS["qwen2.5-7b"], device_memory=128 * GIB)
+    assert not ppo.fits and ppo.field == "training.data_parallel_size"
+    assert "pipeline_parallel_size" not in ppo.message
+    grpo = check_fit(_one_rank_7b(), PRESETS["qwen2.5-7b"], device_memory=128 * GIB)
+    assert "training.pipeline_parallel_size >= 2" in grpo.message  # the same job without a critic is

@@ -2,7 +2,8 @@
 
 The candidates are single-field changes, cheapest in compute first; each is re-planned, and the
 first that fits is named in the refusal. When none does alone, the refusal names the data-parallel
-size FSDP (with the other savings) would need, or, when even checkpointed a pass's activations fill
+size FSDP (with the other savings) would need and, beside it, the pipeline stages that would do at the job's
+own data-parallel size (where the config takes PP in the job), or, when even checkpointed a pass's activations fill
 half the device (a long sequence), first the context-parallel size that splits each sequence enough
 (`training.context_parallel_size`, one that divides the heads and KV heads; under pipeline parallelism
 too, each stage's CP ranks splitting the positions). More pipeline stages than the model has layers are
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rldock.config import JobConfig
+from rldock.config.parallel_problems import parallel_problems
 from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, engine_dtype, plan_critic, plan_memory
 from rldock.runtime.planning.shapes import ModelShape
 
@@ -163,6 +165,30 @@ def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, 
     return None
 
 
+def _stages_that_fit(lean: JobConfig, shape: ModelShape, *, device_memory: int) -> tuple[int, MemoryPlan] | None:
+    """The fewest pipeline stages (doubling, at most the model's layers) at which `lean` fits, with its plan;
+    None where none does or the config does not take PP in this job (rldock.config's checks: a critic, EP with
+    the load-balancing loss on)."""
+    stages = lean.training.pipeline_parallel_size * 2
+    while stages <= shape.num_layers:
+        staged = _with_training(lean, pipeline_parallel_size=stages)
+        if any(problem.path == "training.pipeline_parallel_size" for problem in parallel_problems(staged)):
+            return None
+        after = plan_memory(staged, shape, device_memory=device_memory)
+        if _fits(after):
+            return stages, after
+        stages *= 2
+    return None
+
+
+def _pipeline_words(found: tuple[int, MemoryPlan], dp: int) -> str:
+    stages, after = found
+    return (
+        f"training.pipeline_parallel_size >= {stages} at data_parallel_size {dp} (peak then "
+        f"{after.peak / GIB:.1f} GiB; the update idles {after.pipeline_bubble:.3f} of its step in the bubble)"
+    )
+
+
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
     """Whether the job fits `device_memory` bytes per device; a refusal names one field to change."""
     stages = cfg.training.pipeline_parallel_size
@@ -195,7 +221,12 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
         verdict = _context_parallel_verdict(lean, shape, need=need, device_memory=device_memory)
         if verdict is not None:
             return verdict
+    # Pipeline stages divide the training state as more data-parallel ranks do, at the bubble's cost: named
+    # beside the data-parallel size, or alone where no data-parallel size fits.
     dp = cfg.training.data_parallel_size
+    staged = _stages_that_fit(lean, shape, device_memory=device_memory)
+    or_staged = "" if staged is None else f", or {_pipeline_words(staged, dp)}"
+    lean_words = "with strategy fsdp, gradient_checkpointing and allgather_swap it needs"
     while dp <= MAX_SEARCHED_DP:
         dp *= 2
         after = plan_memory(_with_training(lean, data_parallel_size=dp), shape, device_memory=device_memory)
@@ -203,10 +234,15 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
             return Verdict(
                 False,
                 "training.data_parallel_size",
-                f"{need}; no single setting fits; with strategy fsdp, gradient_checkpointing and "
-                f"allgather_swap it needs training.data_parallel_size >= {dp} "
-                f"(peak then {after.peak / GIB:.1f} GiB), or a larger device",
+                f"{need}; no single setting fits; {lean_words} training.data_parallel_size >= {dp} "
+                f"(peak then {after.peak / GIB:.1f} GiB){or_staged}, or a larger device",
             )
+    if staged is not None:
+        return Verdict(
+            False,
+            "training.pipeline_parallel_size",
+            f"{need}; no single setting fits; {lean_words} {_pipeline_words(staged, cfg.training.data_parallel_size)}",
+        )
     return Verdict(
         False,
         "resources.device_memory_gib",
