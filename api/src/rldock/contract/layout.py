@@ -92,7 +92,7 @@ class JobLayout:
     @property
     def num_sequence_ranks(self) -> int:
         """Ranks that hold a whole model replica's passes over distinct positions: DP x CP (what FSDP
-        shards over, and how many reference and critic ranks run)."""
+        shards over within a stage, and how many critic ranks run)."""
         return self.dp * self.cp
 
     @property
