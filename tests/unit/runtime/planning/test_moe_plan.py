@@ -4,8 +4,10 @@ the expert shard per EP rank, and the all-to-all volume."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.models import MODEL_BUILDERS, load_causal_lm
@@ -110,8 +112,8 @@ def test_eq3_with_gep(dp, gen_tp):
 
 def test_a_pipeline_stage_holds_and_dispatches_its_layers_experts_only():
     """PP 2 x DP 4 x EP 2: a rank's stage holds 24 of the 48 MoE layers, so its expert shard and its
-    all-to-all halve, and eq. 3 counts the heaviest stage's TW and EW (the last: its layers, the LM head and
-    the final norm)."""
+    all-to-all halve, and eq. 3 sums each engine rank's stage's TW and EW (the first stage's layers and
+    embedding, the last's layers, LM head and final norm)."""
     shape = PRESETS["qwen3-30b-a3b"]
     cfg = _cfg(2, 4)
     staged = cfg.model_copy(
@@ -122,10 +124,71 @@ def test_a_pipeline_stage_holds_and_dispatches_its_layers_experts_only():
     assert half.expert_bytes_per_rank == 24 * 128 * 3 * 2048 * 768 * 2 // 2 == whole.expert_bytes_per_rank // 2
     assert half.all_to_all_bytes == whole.all_to_all_bytes // 2
     stage_experts = 24 * 128 * 3 * 2048 * 768
-    stage_dense = 151936 * 2048 + 24 * (shape.layer_params - shape.expert_params) + 2048
-    gdp = 8  # 8 actor ranks, an engine each
-    assert half.redundant.paper_bytes == gdp * (stage_dense * 2 + stage_experts * 2)
-    assert half.redundant.naive_bytes == gdp * (stage_dense * 2 // 4 + stage_experts * 2 // 4)  # FSDP over 4
+    layers_dense = 24 * (shape.layer_params - shape.expert_params)
+    first, last = 151936 * 2048 + layers_dense, 151936 * 2048 + layers_dense + 2048
+    # 8 actor ranks, an engine each: ranks 0-3 hold stage 0, 4-7 stage 1 (PP outermost)
+    assert half.redundant.paper_bytes == 4 * (first * 2 + stage_experts * 2) + 4 * (last * 2 + stage_experts * 2)
+    naive = 4 * (first * 2 // 4 + stage_experts * 2 // 4) + 4 * (last * 2 // 4 + stage_experts * 2 // 4)  # FSDP over 4
+    assert half.redundant.naive_bytes == naive
     assert whole.redundant.paper_bytes == 4 * (
         whole.redundant.dense_weight_bytes + whole.redundant.expert_weight_bytes
     )  # at one stage, the whole model's (4 ranks, 4 engines)
+    # twice the ranks and engines, each engine rank holding its stage's half of the model: R as at one stage
+    assert half.redundant.paper_bytes == whole.redundant.paper_bytes
+
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
+
+
+def _example(name: str, **training) -> object:
+    data = yaml.safe_load((EXAMPLES / name).read_text())
+    data["training"].update(training)
+    return parse_job_config(data)
+
+
+# Figures at one stage, printed by the planner before it counted stages' layers (a9c73439) and after: the
+# MoE figures, the training state, FSDP's gathered weights, activations and the peak, to the byte.
+ONE_STAGE_FIGURES = [
+    (
+        "grpo-qwen3-30b-a3b-paper.yaml",
+        {},
+        (3816515328, 1623213056, 3644464640, 34359738368, 7247757312, 28185722880, 281243222016, 15266061312),
+    ),
+    (
+        "grpo-qwen3-30b-a3b-paper.yaml",
+        {"data_parallel_size": 16, "expert_parallel_size": 4},
+        (15266061312, 1925202944, 3644464640, 34359738368, 14495514624, 24159191040, 70310805504, 15266061312),
+    ),
+    (
+        "grpo-qwen3-30b-a3b-paper.yaml",
+        {"data_parallel_size": 32, "context_parallel_size": 2, "expert_parallel_size": 8},
+        (3816515328, 1623213056, 1914314240, 34359738368, 7247757312, 14092861440, 281243222016, 15266061312),
+    ),
+    (
+        "grpo-qwen3-30b-a3b-paper.yaml",
+        {"data_parallel_size": 32, "tensor_parallel_size": 2, "expert_parallel_size": 4},
+        (7519784448, 1887454208, 3550092800, 34359738368, 14495514624, 24159191040, 256585728000, 29761575936),
+    ),
+    ("grpo-qwen2.5-7b-paper.yaml", {}, (7615616512, 3112220672, 4168837120, 38078082560)),
+    (
+        "grpo-qwen2.5-32b-paper.yaml",
+        {"data_parallel_size": 32, "tensor_parallel_size": 2},
+        (4290209024, 4089501696, 8488970240, 34359738368),
+    ),
+]
+PRESET_OF = {
+    "grpo-qwen3-30b-a3b-paper.yaml": "qwen3-30b-a3b",
+    "grpo-qwen2.5-7b-paper.yaml": "qwen2.5-7b",
+    "grpo-qwen2.5-32b-paper.yaml": "qwen2.5-32b",
+}
+
+
+@pytest.mark.parametrize(("example", "training", "figures"), ONE_STAGE_FIGURES)
+def test_figures_at_one_stage_are_those_before_stages_were_counted(example, training, figures):
+    plan = plan_memory(_example(example, **training), PRESETS[PRESET_OF[example]], device_memory=64 << 30)
+    update, moe = plan.update, plan.moe
+    found = (update.training_state, update.fsdp_gathered, update.activations, plan.peak)
+    if moe is not None:
+        r = moe.redundant
+        found += (moe.expert_bytes_per_rank, moe.all_to_all_bytes, r.paper_bytes, r.naive_bytes)
+    assert found == figures

@@ -28,12 +28,15 @@ def _layer_activation_bytes(
     shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1, mode: str = "ulysses"
 ) -> int:
     """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (planning/memory.py's
-    module docstring); a CP rank keeps about as much per position for 1/cp of them, plus what its mode's
-    attention keeps (planning/context_parallel_bytes.py)."""
-    h, d = shape.hidden_size, shape.head_dim
+    module docstring; the attention's by its kind, planning/attention_shapes.py); a CP rank keeps about as much
+    per position for 1/cp of them, plus what its mode's attention keeps (planning/context_parallel_bytes.py).
+    An MoE model's layers are all counted as MoE layers, its first dense layers too (DeepSeek-V3's three): k
+    experts' widths and the dispatch keep more per token than the dense MLP (DeepSeek-V3: 4 x 8 x 2048 + 4 x 2048
+    + 2 x 8 x 7168 elements against 4 x 18432), so the figure errs high."""
+    h = shape.hidden_size
     per_token = (
         4 * h
-        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d) // tp
+        + shape.attention.saved_width(tp)
         + 4 * shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
         + _dispatch_width(shape)
         + saved_width(shape, mode=mode, cp=cp, element=element)

@@ -9,7 +9,7 @@ from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.runtime.planning.activations import micro_batch_tokens
 from rldock.runtime.planning.dtypes import DTYPE_BYTES, compute_element_bytes
-from rldock.runtime.planning.pipeline_stages import stage_layer_counts, stage_vocab_params
+from rldock.runtime.planning.pipeline_stages import stage_layers, stage_vocab_params
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.planning.training_state import fsdp_shard_ranks
 
@@ -23,8 +23,9 @@ class MoePlan:
     active_params: int
     expert_parallel_size: int
     experts_per_rank: int  # each MoE layer's experts one EP rank holds
-    expert_bytes_per_rank: int  # their parameter bytes over its stage's layers, before FSDP's 1/(dp/ep)
-    all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
+    expert_bytes_per_rank: int  # their parameter bytes over its stage's MoE layers, before FSDP's 1/(dp/ep)
+    all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, its stage's MoE layers,
+    # forward
     # (a CP rank: its 1/cp of the positions)
     redundant: RedundantWeights
 
@@ -45,10 +46,15 @@ class RedundantWeights:
     training.expert_parallel_size x the expert-data-parallel FSDP shards (every rank holds 1/dp of
     either under FSDP). allgather_swap leaves none: the training state goes to the host.
 
-    Under the update's pipeline parallelism (UPP stages) an update rank holds its stage's layers only, so both
-    figures count the heaviest stage's TW and EW (its layers, its vocabulary matrix, the final norm on the
-    last) where the whole model's stand at one stage; `dense_weight_bytes` and `expert_weight_bytes` stay the
-    whole model's."""
+    Under the update's pipeline parallelism (UPP stages) an update rank holds its stage's layers only, and so
+    does an engine's device: both figures sum, over the GDP engine ranks (each replica's first actor rank,
+    `JobLayout.engine_ranks`), the TW and EW of that rank's stage (its layers' dense and expert weights, the
+    embedding on the first stage, the head and the final norm on the last; stage = rank // the stage's
+    dp x cp x tp ranks, PP outermost as in resharding/parallel_mesh.py). With the engine ranks spread evenly
+    over the stages that is R = GDP x (TW/(UTP x UPP) + EW/(GEP x UPP)), the paper's eq. 3 with the update's PP
+    split, to the layers' uneven split, the vocabulary matrices and an MoE model's first dense layers;
+    `dense_weight_bytes` and `expert_weight_bytes` stay the whole model's.
+    """
 
     generation_replicas: int  # GDP
     generation_expert_split: int  # GEP
@@ -64,13 +70,14 @@ def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeight
     """Eq. 3 with experts for `cfg` and `shape` (RedundantWeights)."""
     training, layout = cfg.training, job_layout(cfg)
     element = DTYPE_BYTES[cfg.model.dtype]
-    experts = shape.num_layers * shape.expert_params * element
+    experts = shape.num_moe_layers * shape.expert_params * element
     dense = shape.num_params * element - experts
     fsdp = training.strategy == "fsdp"
     dense_split = training.tensor_parallel_size * (fsdp_shard_ranks(cfg) if fsdp else 1)
     expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
     gdp, gep = layout.num_generation_replicas, layout.generation_tp
-    stages = [_stage_weights(shape, stage=s, stages=training.pipeline_parallel_size) for s in range(layout.pp)]
+    stage_ranks = layout.num_actor_ranks // layout.pp
+    engine_stages = [_stage_weights(shape, stage=rank // stage_ranks, stages=layout.pp) for rank in layout.engine_ranks]
     return RedundantWeights(
         generation_replicas=gdp,
         generation_expert_split=gep,
@@ -78,18 +85,19 @@ def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeight
         expert_weight_bytes=experts,
         dense_split=dense_split,
         expert_split=expert_split,
-        paper_bytes=max(gdp * (d * element // training.tensor_parallel_size + e * element // gep) for d, e in stages),
-        naive_bytes=max(gdp * (d * element // dense_split + e * element // expert_split) for d, e in stages),
+        paper_bytes=sum(d * element // training.tensor_parallel_size + e * element // gep for d, e in engine_stages),
+        naive_bytes=sum(d * element // dense_split + e * element // expert_split for d, e in engine_stages),
     )
 
 
 def _stage_weights(shape: ModelShape, *, stage: int, stages: int) -> tuple[int, int]:
     """(TW, EW) parameters of pipeline stage `stage` of `stages`: its layers' dense and expert parameters, its
     vocabulary matrices and, on the last, the final norm (the whole model's at one stage)."""
-    layers = stage_layer_counts(shape.num_layers, stages)[stage]
+    layers = stage_layers(shape.num_layers, stage=stage, stages=stages)
     vocab = stage_vocab_params(shape, stage=stage, stages=stages)
     norm = shape.hidden_size if stage == stages - 1 else 0
-    return vocab + layers * (shape.layer_params - shape.expert_params) + norm, layers * shape.expert_params
+    expert = shape.moe_layers_in(layers) * shape.expert_params
+    return vocab + shape.layers_params(layers) - expert + norm, expert
 
 
 def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
@@ -98,12 +106,14 @@ def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
     elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
     evenly; the backward moves as much again. Under CP a rank routes its ceil(tokens / cp) positions
     only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout). Under PP a rank holds
-    and dispatches for its stage's layers only: the figures count the fullest stage's."""
+    and dispatches for its stage's MoE layers only: the figures count the stage with the most (an MoE model's
+    first dense layers hold no experts and dispatch nothing)."""
     if not shape.is_moe:
         return None
     training = cfg.training
     ep, cp = training.expert_parallel_size, training.context_parallel_size
-    layers = max(stage_layer_counts(shape.num_layers, training.pipeline_parallel_size))  # a rank's stage's
+    stages = training.pipeline_parallel_size
+    layers = max(shape.moe_layers_in(stage_layers(shape.num_layers, stage=s, stages=stages)) for s in range(stages))
     element = compute_element_bytes(cfg)
     tokens = -(-micro_batch_tokens(cfg) // cp)  # this rank's positions of the micro-batch
     sent = 2 * tokens * shape.num_experts_per_tok * shape.hidden_size * element

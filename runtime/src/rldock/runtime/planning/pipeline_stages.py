@@ -17,7 +17,14 @@ from __future__ import annotations
 from rldock.contract.layout import stage_layer_counts
 from rldock.runtime.planning.shapes import ModelShape
 
-__all__ = ["micro_batches_held", "pipeline_bubble", "stage_layer_counts", "stage_vocab_params"]
+__all__ = ["micro_batches_held", "pipeline_bubble", "stage_layer_counts", "stage_layers", "stage_vocab_params"]
+
+
+def stage_layers(num_layers: int, *, stage: int, stages: int) -> range:
+    """The decoder layers (indices) stage `stage` of `stages` holds: stage_layer_counts' run of them in order."""
+    counts = stage_layer_counts(num_layers, stages)
+    first = sum(counts[:stage])
+    return range(first, first + counts[stage])
 
 
 def stage_vocab_params(shape: ModelShape, *, stage: int, stages: int) -> int:

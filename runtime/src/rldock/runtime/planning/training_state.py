@@ -7,7 +7,7 @@ from __future__ import annotations
 from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.runtime.planning.dtypes import DTYPE_BYTES, compute_element_bytes
-from rldock.runtime.planning.pipeline_stages import stage_layer_counts, stage_vocab_params
+from rldock.runtime.planning.pipeline_stages import stage_layers, stage_vocab_params
 from rldock.runtime.planning.shapes import ModelShape
 
 
@@ -17,22 +17,33 @@ def fsdp_shard_ranks(cfg: JobConfig) -> int:
     return job_layout(cfg).num_sequence_ranks // cfg.training.data_parallel_replicate_size
 
 
-def layer_params_per_tp_rank(shape: ModelShape, *, tp: int, ep: int = 1) -> int:
-    """One decoder layer's parameters on a TP rank: TP's plan (rldock.contract.tensor_parallel) splits the
-    attention's linears (their biases with them) and a dense MLP's; the two RMSNorms (and Qwen3's per-head
-    q and k norms) stay whole on every TP rank, as do an MoE layer's router and experts (its plan splits the
-    attention only), of which EP leaves a rank 1/ep (`ep`: 1 for the experts' training state, which FSDP
-    shards over ep x dp/ep ranks anyway)."""
-    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.qk_norm else 0)
-    whole_mlp = shape.mlp_params if shape.is_moe else 0  # the router and the experts
-    split = shape.layer_params - norms - whole_mlp
-    return split // tp + norms + whole_mlp - shape.expert_params + shape.expert_params // ep
+def layer_params_per_tp_rank(shape: ModelShape, *, tp: int, ep: int = 1, dense: bool = False) -> int:
+    """One decoder layer's parameters on a TP rank, the model's largest (an MoE layer's in an MoE model; `dense`:
+    a layer with a dense MLP, such as DeepSeek-V3's first three): TP's plan (rldock.contract.tensor_parallel)
+    splits the attention's linears (their biases with them) and a dense MLP's; the two RMSNorms and what the
+    attention keeps whole (Qwen3's per-head q and k norms; MLA's down projections and their norms,
+    planning/attention_shapes.py) stay whole on every TP rank, as do an MoE layer's router and experts (its
+    plan splits the attention only), of which EP leaves a rank 1/ep (`ep`: 1 for the experts' training state,
+    which FSDP shards over ep x dp/ep ranks anyway)."""
+    moe = shape.is_moe and not dense
+    whole = 2 * shape.hidden_size + shape.attention.tp_whole_params(shape.hidden_size)
+    whole_mlp = shape.mlp_params if moe else 0  # the router and the experts
+    split = (shape.layer_params if moe else shape.dense_layer_params) - whole - whole_mlp
+    experts = shape.expert_params if moe else 0
+    return split // tp + whole + whole_mlp - experts + experts // ep
+
+
+def layers_params_per_tp_rank(shape: ModelShape, layers: range, *, tp: int) -> int:
+    """The decoder layers `layers`' parameters on a TP rank (`layer_params_per_tp_rank`, dense and MoE apart)."""
+    moe = shape.moe_layers_in(layers)
+    per_moe, per_dense = layer_params_per_tp_rank(shape, tp=tp), layer_params_per_tp_rank(shape, tp=tp, dense=True)
+    return moe * per_moe + (len(layers) - moe) * per_dense
 
 
 def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> tuple[int, int, int]:
     """(params, grads, optimizer state) bytes one actor rank of pipeline stage `stage` holds (0 without PP):
     its layers' weights (TP splits their linears, not the norms nor an MoE layer's router and experts:
-    `layer_params_per_tp_rank`), the vocabulary matrices it holds
+    `layer_params_per_tp_rank`; an MoE model's dense layers apart), the vocabulary matrices it holds
     (planning/pipeline_stages.py) and, on the last stage, the final norm; FSDP divides all three by its
     shard ranks."""
     training = cfg.training
@@ -40,8 +51,7 @@ def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) ->
     tp, stages = training.tensor_parallel_size, training.pipeline_parallel_size
     shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
     vocab = stage_vocab_params(shape, stage=stage, stages=stages)
-    layer = layer_params_per_tp_rank(shape, tp=tp)
-    layers = stage_layer_counts(shape.num_layers, stages)[stage] * layer
+    layers = layers_params_per_tp_rank(shape, stage_layers(shape.num_layers, stage=stage, stages=stages), tp=tp)
     params = vocab + layers + (shape.hidden_size if stage == stages - 1 else 0)
     trainable = params - (vocab if training.freeze_embeddings else 0)
     return (
