@@ -203,3 +203,15 @@ def test_a_job_no_single_setting_fits_is_told_the_pipeline_stages_beside_the_dat
     assert "pipeline_parallel_size" not in ppo.message
     grpo = check_fit(_one_rank_7b(), PRESETS["qwen2.5-7b"], device_memory=128 * GIB)
     assert "training.pipeline_parallel_size >= 2" in grpo.message  # the same job without a critic is
+
+
+def test_the_stages_named_say_the_devices_their_ranks_take_beyond_the_resources():
+    """PP 4 at DP 1 is 4 actor ranks, where the job's resources give 2 devices (validate refuses more ranks
+    than devices, rldock.config.problems); at 4 devices the words leave the count out."""
+    verdict = check_fit(_one_rank_7b(), PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
+    assert "at data_parallel_size 1 (4 actor ranks where resources give 2 devices; peak then" in verdict.message
+    roomy = _one_rank_7b().model_copy(
+        update={"resources": _one_rank_7b().resources.model_copy(update={"devices_per_node": 4})}
+    )
+    verdict = check_fit(roomy, PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
+    assert "at data_parallel_size 1 (peak then" in verdict.message

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rldock.config import JobConfig
+from rldock.config.job_layout import job_layout
 from rldock.config.parallel_problems import parallel_problems
 from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, engine_dtype, plan_critic, plan_memory
 from rldock.runtime.planning.shapes import ModelShape
@@ -95,6 +96,15 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
             "rollout.dtype",
             f"{said}; rollout.dtype: bfloat16 halves them (training keeps "
             "its float32 weights), then raise rollout.gpu_memory_utilization",
+        )
+    node = cfg.resources.devices_per_node
+    if gen_tp * 2 > node:  # an engine's TP workers run on one node (the rollout section's check)
+        return Verdict(
+            False,
+            "rollout.tensor_parallel_size",
+            f"{said}; even in bfloat16 they do not fit, and rollout.tensor_parallel_size {gen_tp} already spans "
+            f"what a node's {node} devices allow (an engine's TP workers share a node): use a larger device or "
+            "nodes of more devices",
         )
     return Verdict(
         False,
@@ -181,11 +191,18 @@ def _stages_that_fit(lean: JobConfig, shape: ModelShape, *, device_memory: int) 
     return None
 
 
-def _pipeline_words(found: tuple[int, MemoryPlan], dp: int) -> str:
+def _pipeline_words(cfg: JobConfig, found: tuple[int, MemoryPlan]) -> str:
+    """The stages found, at the job's data-parallel size, with the devices their actor ranks take where the
+    resources give fewer (validate refuses such a job: rldock.config.problems)."""
     stages, after = found
+    layout = job_layout(_with_training(cfg, pipeline_parallel_size=stages))
+    more = layout.num_actor_ranks > layout.num_devices
+    given = f"{layout.num_devices} device{'s' if layout.num_devices > 1 else ''}"
+    devices = f"{layout.num_actor_ranks} actor ranks where resources give {given}; " if more else ""
     return (
-        f"training.pipeline_parallel_size >= {stages} at data_parallel_size {dp} (peak then "
-        f"{after.peak / GIB:.1f} GiB; the update idles {after.pipeline_bubble:.3f} of its step in the bubble)"
+        f"training.pipeline_parallel_size >= {stages} at data_parallel_size {cfg.training.data_parallel_size} "
+        f"({devices}peak then {after.peak / GIB:.1f} GiB; the update idles {after.pipeline_bubble:.3f} of its step "
+        "in the bubble)"
     )
 
 
@@ -225,7 +242,7 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
     # beside the data-parallel size, or alone where no data-parallel size fits.
     dp = cfg.training.data_parallel_size
     staged = _stages_that_fit(lean, shape, device_memory=device_memory)
-    or_staged = "" if staged is None else f", or {_pipeline_words(staged, dp)}"
+    or_staged = "" if staged is None else f", or {_pipeline_words(lean, staged)}"
     lean_words = "with strategy fsdp, gradient_checkpointing and allgather_swap it needs"
     while dp <= MAX_SEARCHED_DP:
         dp *= 2
@@ -241,7 +258,7 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
         return Verdict(
             False,
             "training.pipeline_parallel_size",
-            f"{need}; no single setting fits; {lean_words} {_pipeline_words(staged, cfg.training.data_parallel_size)}",
+            f"{need}; no single setting fits; {lean_words} {_pipeline_words(lean, staged)}",
         )
     return Verdict(
         False,
