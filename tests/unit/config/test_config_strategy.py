@@ -60,7 +60,7 @@ def test_unknown_strategy_is_refused(demo_data):
 
 
 def test_paper_examples_are_valid():
-    for name in ("grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"):
+    for name in ("grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml", "grpo-deepseek-r1-671b-paper.yaml"):
         cfg = parse_job_config(example(name))
         assert cfg.training.strategy == "fsdp" and cfg.resources.device_memory_gib == 64
 

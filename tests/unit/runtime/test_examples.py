@@ -25,7 +25,7 @@ def test_the_walk_finds_the_examples_and_their_plan_commands():
     names = {path.name for path in EXAMPLES}
     assert {"grpo-tiny.yaml", "rljob-tiny.yaml", "grpo-qwen2.5-32b-paper.yaml"} <= names
     plans = {path.name for path in EXAMPLES if any(c.startswith("rldock plan ") for c in header_commands(path))}
-    assert plans >= {"grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"}
+    assert plans >= {"grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml", "grpo-deepseek-r1-671b-paper.yaml"}
 
 
 def _tools(config: dict) -> list[dict]:
