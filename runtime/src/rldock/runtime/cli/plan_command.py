@@ -32,7 +32,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     plan.add_argument(
         "--model-preset",
         default=None,
-        help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b, qwen3-30b-a3b",
+        help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b, qwen3-30b-a3b, "
+        "deepseek-r1-671b",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
     plan.set_defaults(run=run_plan)

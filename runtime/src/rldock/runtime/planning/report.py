@@ -70,9 +70,15 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
             f"{moe.all_to_all_bytes / GIB:.3f} GiB sent per micro-batch forward"
         )
         r = moe.redundant
+        # under PP each engine rank holds its own stage's TW and EW (planning/moe_bytes.py's RedundantWeights)
+        staged = (
+            f", each engine rank's stage's (UPP {plan.pipeline_parallel_size})"
+            if plan.pipeline_parallel_size > 1
+            else ""
+        )
         lines.append(
             f"eq. 3 with GEP: R = GDP {r.generation_replicas} x (TW {r.dense_weight_bytes / GIB:.2f} GiB / UTP + "
-            f"EW {r.expert_weight_bytes / GIB:.2f} GiB / GEP {r.generation_expert_split}) = "
+            f"EW {r.expert_weight_bytes / GIB:.2f} GiB / GEP {r.generation_expert_split}){staged} = "
             f"{r.paper_bytes / GIB:.2f} GiB; naive resharding here leaves {r.naive_bytes / GIB:.2f} GiB "
             f"(TW / {r.dense_split} + EW / {r.expert_split} per replica), allgather_swap 0"
         )
