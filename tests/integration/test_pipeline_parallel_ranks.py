@@ -396,30 +396,36 @@ def test_the_update_runs_one_forward_one_backward(ranks):
     assert [r["pp2_cp2"]["order"] for r in ranks] == ["FFBFBFBB"] * 2 + ["FBFBFBFB"] * 2
 
 
+def _assert_one_process_gradients(results: list[dict], expected: dict, what: str) -> None:
+    """Each stage's gradients (under the whole model's names) are one process's, and every parameter's gradient
+    is on some stage. A tied model's last stage holds the head's copy of the embedding: after the stages' sum,
+    its gradient is the embedding's whole one."""
+    for got in results:
+        for grad_name, grad in got.items():
+            tied = grad_name == "lm_head.weight" and grad_name not in expected
+            reference = "model.embed_tokens.weight" if tied else grad_name
+            torch.testing.assert_close(
+                grad, expected[reference], **TOLERANCE, msg=lambda m, at=grad_name: f"{what} {at}: {m}"
+            )
+    assert set().union(*results) >= set(expected)
+
+
 @pytest.mark.parametrize("name", LAYOUTS_PP)
 def test_the_pipeline_gives_one_process_s_logprobs_loss_gradients_and_step(ranks, name):
     _, kind = LAYOUTS_PP[name]
     expected = _one_process(kind)
-    tied = "lm_head.weight" not in expected["grads"]  # one parameter under two names (the MoE's is tied too)
     results = [r[name] for r in ranks]
+    _assert_one_process_gradients([got["grads"] for got in results], expected["grads"], name)
     for got in results:
         if got["stage"] == max(r["stage"] for r in results):  # the last stage scores
             for layout in LAYOUTS:
                 torch.testing.assert_close(got["logprobs"][layout], expected["logprobs"][layout], **TOLERANCE)
-        for grad_name, grad in got["grads"].items():
-            # a tied model's last stage holds the head's copy: after the sum, the embedding's whole gradient
-            reference = "model.embed_tokens.weight" if tied and grad_name == "lm_head.weight" else grad_name
-            torch.testing.assert_close(
-                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"{name} {at}: {m}"
-            )
         assert got["norm"] == pytest.approx(expected["norm"], rel=1e-9)
         assert got["weights"].keys() == expected["weights"].keys()
         for weight_name, weight in expected["weights"].items():
             torch.testing.assert_close(
                 got["weights"][weight_name], weight, **TOLERANCE, msg=lambda m, at=weight_name: f"{name} {at}: {m}"
             )
-    # every parameter of the model has its gradient on some stage
-    assert set().union(*(r["grads"] for r in results)) >= set(expected["grads"])
     # each data-parallel rank's loss, the last stage's on all its stages: together the whole batch's
     by_dp_rank = {got["dp_rank"]: got["loss"] for got in results}
     assert all(got["loss"] == by_dp_rank[got["dp_rank"]] for got in results)
@@ -458,23 +464,11 @@ def test_pipeline_stages_record_and_replay_the_whole_model_s_routing_as_one_proc
     for got in (r["replay"] for r in ranks):
         # both stages' columns, merged: every rank holds one process's whole record
         assert torch.equal(got["record"], expected["record"])
-        for grad_name, grad in got["grads"].items():
-            tied = grad_name == "lm_head.weight" and grad_name not in expected["grads"]
-            reference = "model.embed_tokens.weight" if tied else grad_name
-            torch.testing.assert_close(
-                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"replay {at}: {m}"
-            )
-    assert set().union(*(r["replay"]["grads"] for r in ranks)) >= set(expected["grads"])
+    _assert_one_process_gradients([r["replay"]["grads"] for r in ranks], expected["grads"], "replay")
 
 
 def test_dpo_s_preference_step_through_four_stages_is_one_process_s(ranks):
     expected = _one_process_preference()
     for got in (r["preference"] for r in ranks):
         assert got["loss"] == pytest.approx(expected["loss"], rel=1e-9)  # the last stage's, on every stage
-        for grad_name, grad in got["grads"].items():
-            tied = grad_name == "lm_head.weight" and grad_name not in expected["grads"]
-            reference = "model.embed_tokens.weight" if tied else grad_name
-            torch.testing.assert_close(
-                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"dpo {at}: {m}"
-            )
-    assert set().union(*(r["preference"]["grads"] for r in ranks)) >= set(expected["grads"])
+    _assert_one_process_gradients([r["preference"]["grads"] for r in ranks], expected["grads"], "dpo")
