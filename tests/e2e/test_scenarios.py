@@ -393,14 +393,14 @@ def test_a_deleted_head_pod_then_a_suspended_cluster_are_preemptions_resumed_aft
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
-def test_a_worker_pod_deleted_alone_has_the_iteration_under_way_saved_and_is_retried_from_it(
+def test_a_worker_pod_deleted_alone_has_the_iteration_under_way_saved_and_the_next_attempt_resumes_after_it(
     scenario: Scenario,
 ) -> None:
     """A worker pod deleted alone (a drain of its node): its preStop hook asks the driver for a checkpoint (a
     request in the job's output folder), the driver acknowledges it, and the pod is not lost while its hook
     keeps its Ray node up: the iteration under way finishes on it and is saved, although no periodic checkpoint
-    is due. Then the pod goes, the attempt meets the lost worker and is retried (a restart counted), resuming
-    right after the saved iteration."""
+    is due. The operator records Preempted (WorkerPodDeleted); once the pod is gone the attempt ends and the
+    next (attempt 1, no restart counted) resumes right after the saved iteration."""
     # Held before iteration 5, past the checkpoint of 4: the deletion lands while the job runs, however fast.
     name, iterations = "lost-worker", 12
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
@@ -421,6 +421,9 @@ def test_a_worker_pod_deleted_alone_has_the_iteration_under_way_saved_and_is_ret
     )
     before = scenario.metrics(name)
     assert len(before) == 4 and scenario.status(name).get("restartCount", 0) == 0  # the pod is not lost yet
+    preempted = scenario.wait("Preempted while the pod goes", lambda: scenario.condition(name, "Preempted"), timeout=60)
+    assert (preempted["status"], preempted["reason"]) == ("True", "WorkerPodDeleted"), preempted
+    assert worker["metadata"]["name"] in preempted["message"], preempted
     terminating = [p for p in scenario.ray_pods(name) if p["metadata"]["name"] == worker["metadata"]["name"]]
     assert terminating and terminating[0]["metadata"].get("deletionTimestamp"), terminating  # kept up by its hook
     hold.release()  # iteration 5, under way on the worker being deleted, finishes and is saved
@@ -432,11 +435,12 @@ def test_a_worker_pod_deleted_alone_has_the_iteration_under_way_saved_and_is_ret
     saved = scenario.metrics(name)  # 1-5 at least (iteration 6 may finish before the pod goes)
     status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
     assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
-    assert status["restartCount"] == 1
+    assert status.get("restartCount", 0) == 0 and status["attempt"] == 1
     workers = [p for p in scenario.items("pods", "-l", "ray.io/node-type=worker")]
     assert worker["metadata"]["name"] not in {p["metadata"]["name"] for p in workers}
     _assert_resumed(scenario.metrics(name), saved, checkpoint=5, iterations=iterations)
-    assert any(e["reason"] == "Retrying" for e in scenario.events(name))
+    reasons = [e["reason"] for e in scenario.events(name)]
+    assert "Preempted" in reasons and "Resumed" in reasons and "Retrying" not in reasons
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"

@@ -148,3 +148,15 @@ def test_an_attempt_that_finishes_before_a_round_sees_it_run_still_ends_the_pree
     _, rule, succeeded, _ = a_round(preempted, at=60, ray_job=done)
     assert rule is Rule.ATTEMPT_SUCCEEDED and succeeded["phase"] == "Succeeded"
     assert conditions(succeeded)["Preempted"] == ("False", "Resumed")
+
+
+def test_a_worker_pod_deleted_under_an_in_job_restart_budget_is_the_runtimes_to_recover():
+    """maxRestarts > 0: the runtime restarts its workers inside the attempt (no next attempt), so a worker pod
+    being deleted records no preemption; at 0 it does, from the first round that sees it."""
+    running = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.RUNNING)
+    budget = RLJobSpec.model_validate(spec_dict(maxRestarts=2))
+    facts = round_facts(spec=budget, now=NOW, ray_cluster=READY, ray_job=running, workers_terminating=("w-1",))
+    assert not facts.draining and "Preempted" not in conditions(compute_status(facts, classify(facts)))
+    _, rule, status, actions = a_round(None, at=0, ray_job=running, workers_terminating=("w-1",))
+    assert rule is Rule.ATTEMPT_RUNNING and actions == []
+    assert conditions(status)["Preempted"] == ("True", "WorkerPodDeleted")

@@ -256,6 +256,57 @@ def test_a_failed_job_counts_a_restart(world):
     assert resubmitted.status["rayJobId"] == naming.ray_job_submission_id(NAME, UID, attempt=1)
 
 
+def test_a_worker_pod_drained_alone_ends_the_attempt_as_a_preemption_counting_no_restart(world):
+    """maxRestarts 0: a worker pod of the running attempt is deleted (its preStop hook has the driver save the
+    iteration under way): Preempted=True (WorkerPodDeleted) while it goes; once it is gone the attempt is stopped
+    and the next one (attempt 1, a new submission id on the same head) submitted with no restart counted, and
+    Preempted=False (Resumed) once it runs. A worker lost with no deletion seen still counts a restart."""
+    reconciler, kube, jobs = world
+    first = reconciler.reconcile(body())
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status))
+    job_id = submitted.status["rayJobId"]
+    jobs.jobs[job_id]["status"] = "RUNNING"
+    running = reconciler.reconcile(body(status=submitted.status))
+    drained = f"{NAME}-worker-1"
+    pod = next(p for p in kube.pods if p["metadata"]["name"] == drained)
+    pod["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"  # its hook keeps it up while the driver saves
+    draining = reconciler.reconcile(body(status=running.status))
+    preempted = {c["type"]: c for c in draining.status["conditions"]}["Preempted"]
+    assert (draining.status["phase"], preempted["status"], preempted["reason"]) == (
+        "Running",
+        "True",
+        "WorkerPodDeleted",
+    )
+    assert drained in preempted["message"] and ("Warning", "Preempted") in [
+        (e.type, e.reason.value) for e in draining.events
+    ]
+    assert jobs.jobs[job_id]["status"] == "RUNNING"  # the driver is left to save the iteration under way
+
+    kube.pods.remove(pod)  # gone; KubeRay's replacement comes up under a new name
+    kube.pods.append({**pod, "metadata": {**pod["metadata"], "name": f"{NAME}-worker-2", "deletionTimestamp": None}})
+    ended = reconciler.reconcile(body(status=draining.status))
+    assert jobs.jobs[job_id]["status"] == "STOPPED"
+    assert (ended.status["restartCount"], ended.status["attempt"]) == (0, 1)
+    assert ended.status["phase"] == "Provisioning" and "Retrying" not in [e.reason.value for e in ended.events]
+    resubmitted = reconciler.reconcile(body(status=ended.status))
+    next_id = naming.ray_job_submission_id(NAME, UID, attempt=1)
+    assert resubmitted.status["rayJobId"] == next_id and resubmitted.status["restartCount"] == 0
+    # That attempt failing before a round saw it run is a failure, counted: no retry without end.
+    jobs.jobs[next_id]["status"] = "FAILED"
+    failed_at_once = reconciler.reconcile(body(status=resubmitted.status))
+    assert (failed_at_once.status["restartCount"], failed_at_once.status["attempt"]) == (1, 2)
+    jobs.jobs[next_id]["status"] = "RUNNING"
+    resumed = reconciler.reconcile(body(status=resubmitted.status))
+    preempted = {c["type"]: c for c in resumed.status["conditions"]}["Preempted"]
+    assert (resumed.status["phase"], preempted["status"], preempted["reason"]) == ("Running", "False", "Resumed")
+
+    # The next attempt's worker lost with no deletion seen: a failure, counted (restart 1, attempt 2).
+    kube.pods = [p for p in kube.pods if p["metadata"]["name"] != f"{NAME}-worker-0"]
+    lost = reconciler.reconcile(body(status=resumed.status))
+    assert (lost.status["phase"], lost.status["restartCount"], lost.status["attempt"]) == ("Retrying", 1, 2)
+
+
 def test_a_job_that_refused_its_inputs_fails_at_once(world):
     """The runtime's failure line in the failed job's log: Failed with its reason, no restart."""
     reconciler, kube, jobs = world

@@ -27,6 +27,7 @@ def test_the_rules_apply_in_this_order():
         Rule.PREEMPTED,
         Rule.ATTEMPT_REFUSED,
         Rule.ATTEMPT_SUCCEEDED,
+        Rule.WORKER_DRAINED,
         Rule.ATTEMPT_FAILED,
         Rule.ATTEMPT_RUNNING,
         Rule.STARTING,

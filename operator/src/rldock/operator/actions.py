@@ -17,8 +17,11 @@ here (the table is in rules.py):
 - PREEMPTED (the head pod is being deleted while the job ran): nothing; the head's preStop hook stops
   the driver after a checkpoint, KubeRay makes a new head, and STARTING submits the same attempt to
   it (no restart counted), which resumes from that checkpoint.
-- ATTEMPT_FAILED with restarts left: stop the job if it still runs and count a restart; the next
-  round submits attempt `restartCount`, which resumes from the last checkpoint.
+- WORKER_DRAINED (the attempt ended after a worker pod deleted alone, whose hook had the iteration under
+  way saved): stop the job if it still runs and number the next attempt, counting no restart; the next
+  round submits it, which resumes after the saved iteration.
+- ATTEMPT_FAILED with restarts left: stop the job if it still runs and count a restart (which numbers the
+  next attempt too); the next round submits attempt `attempt`, which resumes from the last checkpoint.
 - ATTEMPT_RUNNING: leave the driver be.
 - STARTING: create the RayCluster when there is none (also after someone deleted it mid-run);
   replace it when it no longer matches the spec (spec-hash annotation, and the gang scheduler's
@@ -75,10 +78,15 @@ class StopJob:
 
 @dataclass(frozen=True)
 class CountRestart:
-    pass
+    """A failed attempt: one more restart, and the next attempt's number."""
 
 
-Action = CreateCluster | DeleteCluster | SuspendCluster | SubmitJob | StopJob | CountRestart
+@dataclass(frozen=True)
+class NextAttempt:
+    """An attempt a drain ended: the next attempt's number, no restart counted."""
+
+
+Action = CreateCluster | DeleteCluster | SuspendCluster | SubmitJob | StopJob | CountRestart | NextAttempt
 
 
 def _active(job: RayJobObservation | None) -> TypeGuard[RayJobObservation]:
@@ -119,10 +127,18 @@ def _bring_up(f: RoundFacts) -> list[Action]:
 def _retry(f: RoundFacts) -> list[Action]:
     if not f.retries_left:
         return _failed(f)
+    return [*_stop_for_the_next(f, "a worker pod was lost; restarting"), CountRestart()]
+
+
+def _after_drain(f: RoundFacts) -> list[Action]:
+    return [*_stop_for_the_next(f, "a worker pod was drained; resuming after its checkpoint"), NextAttempt()]
+
+
+def _stop_for_the_next(f: RoundFacts, why: str) -> list[Action]:
     actions = _bring_up(f)
     if _active(f.ray_job):
-        actions.append(StopJob(f.ray_job.submission_id, "a worker pod was lost; restarting"))
-    return [*actions, CountRestart()]
+        actions.append(StopJob(f.ray_job.submission_id, why))
+    return actions
 
 
 def _start(f: RoundFacts) -> list[Action]:
@@ -136,7 +152,7 @@ def _start(f: RoundFacts) -> list[Action]:
         if _active(f.previous_attempt):
             actions.append(StopJob(f.previous_attempt.submission_id, "superseded by the next attempt"))
         else:
-            actions.append(SubmitJob(f.restart_count))
+            actions.append(SubmitJob(f.attempt))
     return actions
 
 
@@ -168,6 +184,7 @@ _ACTIONS: dict[Rule, Callable[[RoundFacts], list[Action]]] = {
     Rule.PREEMPTED: _nothing,
     Rule.ATTEMPT_REFUSED: _failed,
     Rule.ATTEMPT_SUCCEEDED: _succeeded,
+    Rule.WORKER_DRAINED: _after_drain,
     Rule.ATTEMPT_FAILED: _retry,
     Rule.ATTEMPT_RUNNING: _bring_up,
     Rule.STARTING: _start,

@@ -629,7 +629,8 @@ class RLJobSpec(_Model):
         "iteration is redone from the checkpoint; the restart waits for KubeRay's replacement pod to join "
         "(up to 10 minutes). While this budget lasts a lost worker pod is the runtime's to recover, not a "
         "failed attempt (no restartCount, the same Ray job); once it is spent the Ray job fails and "
-        "backoffLimit applies. 0: every lost worker fails the attempt at once.",
+        "backoffLimit applies. 0: every lost worker fails the attempt at once, save one whose pod the operator saw "
+        "deleted alone while the job ran (a drain): that attempt ends as a preemption, no restart counted.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails."
@@ -779,6 +780,13 @@ class RLJobStatus(_Model):
     )
     last_checkpoint: str | None = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")
+    attempt: int | None = Field(
+        default=None,
+        ge=0,
+        description="The number of the current Ray job attempt (its submission id ends in it): one more for each "
+        "restart and for each attempt stopped by a worker pod deleted alone (a drain), which counts no restart. "
+        "Unset on an RLJob whose attempts were numbered by restartCount (written before this field).",
+    )
     ray_cluster_name: str | None = None
     ray_job_id: str | None = Field(default=None, description="Submission id of the current Ray job.")
     start_time: datetime | None = None

@@ -309,6 +309,8 @@ class Reason(str, Enum):
     RESUMED = "Resumed"
     # Preempted's: the head pod is being deleted while the Ray job ran
     HEAD_POD_DELETED = "HeadPodDeleted"
+    # ... and a worker pod being deleted alone while it ran (maxRestarts 0): its hook has the iteration saved
+    WORKER_POD_DELETED = "WorkerPodDeleted"
     # GracePeriodSufficient's: a stop fits in the grace period, or not
     STOP_FITS = "StopFits"
     STOP_TOO_SLOW = "StopTooSlow"

@@ -124,14 +124,15 @@ class RoundFacts:
     desired_spec_hash: str | None = None  # the spec-hash annotation the RayCluster built now carries
     # ... and its gang scheduler's labels (the queue), which the hash leaves out (scheduling_labels)
     desired_scheduling_labels: Mapping[str, str] = field(default_factory=dict)
-    ray_job: RayJobObservation | None = None  # attempt `restart_count`; None: not submitted yet
-    previous_attempt: RayJobObservation | None = None  # attempt restart_count - 1, when looked up
+    ray_job: RayJobObservation | None = None  # attempt number `attempt`; None: not submitted yet
+    previous_attempt: RayJobObservation | None = None  # attempt - 1, when looked up
     ready_to_submit: bool = False  # observe.ready_to_submit
     metrics: Mapping[str, Any] | None = None  # the runtime's last metrics record
     last_checkpoint: str | None = None
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
     head_terminating: str | None = None  # a head pod being deleted (observe.PodSummary), by name
+    workers_terminating: Sequence[str] = ()  # worker pods being deleted while the Ray job runs, by name
     blocked: Blocked | None = None  # a child that cannot be had (reconcile/), with why
     # The environments' Deployments (spec.environments order); None: not looked at this round.
     environments: Sequence[PodSetObservation] | None = None
@@ -153,6 +154,39 @@ class RoundFacts:
     def restart_count(self) -> int:
         """Restarts made so far: the current attempt's number."""
         return self.previous.restart_count
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt's number: restarts and drained attempts so far (`restart_count` on a status
+        written before attempts were numbered apart)."""
+        stored = self.previous.attempt
+        return self.previous.restart_count if stored is None else stored
+
+    @property
+    def draining(self) -> bool:
+        """A worker pod is being deleted alone while the attempt runs (a drain, an eviction) in a job without an
+        in-job restart budget: its preStop hook has the driver save the iteration under way
+        (rldock.runtime.driver.preemption), and the attempt ends once the pod is gone."""
+        return bool(self.workers_terminating) and self.spec is not None and self.spec.max_restarts == 0
+
+    @property
+    def drained(self) -> bool:
+        """The current attempt saw a worker pod deleted alone (`draining`, recorded as Preempted=True
+        WorkerPodDeleted: the stored status is what outlives the pod), so its end is a preemption: the next
+        attempt counts no restart. Only the attempt the last round saw running: Preempted stays True until the
+        next one runs, and that one failing before any round saw it run is a failure, counted (else an attempt
+        that fails at once would be retried forever)."""
+        before, running = (
+            self.previous.condition(ConditionType.PREEMPTED),
+            self.previous.condition(ConditionType.RUNNING),
+        )
+        return (
+            before is not None
+            and before.status == "True"
+            and before.reason == Reason.WORKER_POD_DELETED
+            and running is not None
+            and running.status == "True"
+        )
 
     @property
     def kueue(self) -> bool:

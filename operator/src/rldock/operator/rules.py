@@ -33,6 +33,9 @@ no rule above it does.
                                                                                            running, delete the
                                                                                            RayCluster
     ATTEMPT_SUCCEEDED   the Ray job succeeded                 Succeeded                    (as ATTEMPT_REFUSED)
+    WORKER_DRAINED      the attempt ended after a worker pod  Preempted=True (the pod),    stop the driver, next
+                        was deleted alone while it ran        as STARTING                  attempt: no restart
+                        (maxRestarts 0; RoundFacts.drained)                                counted
     ATTEMPT_FAILED      the attempt failed                    Retrying, or Failed at       stop the driver, count a
                         (RoundFacts.attempt_failure)          backoffLimit                 restart; at backoffLimit
                                                                                            as ATTEMPT_REFUSED
@@ -65,6 +68,7 @@ class Rule(str, Enum):
     PREEMPTED = "Preempted"
     ATTEMPT_REFUSED = "AttemptRefused"
     ATTEMPT_SUCCEEDED = "AttemptSucceeded"
+    WORKER_DRAINED = "WorkerDrained"
     ATTEMPT_FAILED = "AttemptFailed"
     ATTEMPT_RUNNING = "AttemptRunning"
     STARTING = "Starting"
@@ -111,6 +115,8 @@ def classify(f: RoundFacts) -> Rule | None:
                 job is not None and job.status is RayJobStatus.FAILED and job.failure is not None
             ),
             Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
+            # Its worker's hook had the iteration under way saved: a preemption, as the head's, not a failure.
+            Rule.WORKER_DRAINED: lambda: f.attempt_failure is not None and f.drained,
             Rule.ATTEMPT_FAILED: lambda: f.attempt_failure is not None,
             Rule.ATTEMPT_RUNNING: lambda: job is not None and job.active,
         }

@@ -107,6 +107,7 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
         phase=phase,
         conditions=_merge_conditions(prev, conditions, f.generation, f.now),
         restart_count=f.restart_count,
+        attempt=f.attempt,
         ray_cluster_name=naming.ray_cluster_name(f.name),
         ray_job_id=ray_job_id,
         last_checkpoint=f.last_checkpoint or prev.last_checkpoint,
@@ -298,19 +299,50 @@ def _attempt_failed(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     return Phase.FAILED
 
 
-def _preempted(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+def _last_reported(f: RoundFacts) -> str:
+    """The iteration under way when a pod is deleted, as the Preempted messages name it."""
     last = f.previous.iteration
-    reported = f" (the last it reported: {last})" if last else ""
+    return f" (the last it reported: {last})" if last else ""
+
+
+def _preempted(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     out.set(
         ConditionType.PREEMPTED,
         True,
         Reason.HEAD_POD_DELETED,
         f"the head pod {f.head_terminating} is being deleted while the job ran (a node drain, a preemption, a "
-        f"deleted pod): its preStop hook stops the driver, which finishes the iteration under way{reported}, "
-        "checkpoints it and exits; the next attempt resumes after it on the new head, and no restart is counted",
+        f"deleted pod): its preStop hook stops the driver, which finishes the iteration under way"
+        f"{_last_reported(f)}, checkpoints it and exits; the next attempt resumes after it on the new head, and no "
+        "restart is counted",
     )
     out.set(
         ConditionType.RUNNING, False, Reason.HEAD_POD_DELETED, f"the Ray job stops with head pod {f.head_terminating}"
+    )
+    return _before_the_job(f, cluster)
+
+
+def _worker_drained(f: RoundFacts, out: _Updates) -> None:
+    """Preempted=True (WorkerPodDeleted) from the first round that sees a worker pod of the running attempt being
+    deleted alone until the next attempt runs: the record `RoundFacts.drained` reads once the pod is gone."""
+    out.set(
+        ConditionType.PREEMPTED,
+        True,
+        Reason.WORKER_POD_DELETED,
+        f"worker pod {', '.join(f.workers_terminating)} is being deleted while the job runs (a node drain, an "
+        f"eviction, a deleted pod): its preStop hook has the driver finish the iteration under way"
+        f"{_last_reported(f)} and save it; the attempt ends once the pod is gone, and the next resumes after that "
+        "iteration, no restart counted",
+    )
+
+
+def _worker_drained_attempt(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    failure = f.attempt_failure
+    assert failure is not None  # Preempted=True stays as the rounds that saw the pod terminating set it
+    out.set(
+        ConditionType.RUNNING,
+        False,
+        Reason.WORKER_POD_DELETED,
+        f"{failure[1]}, drained: the next attempt resumes after the iteration it saved",
     )
     return _before_the_job(f, cluster)
 
@@ -322,7 +354,10 @@ def _attempt_running(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
         out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
         if f.restart_count > 0:
             out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {f.restart_count}")
-        _resumed_after_preemption(f, out, f"Ray job {job.submission_id} runs again after the preemption")
+        if f.draining:
+            _worker_drained(f, out)
+        else:
+            _resumed_after_preemption(f, out, f"Ray job {job.submission_id} runs again after the preemption")
         return Phase.RUNNING
     # PENDING: submitted, the driver has not started; the cluster decides the phase, as before a job.
     out.set(
@@ -356,6 +391,7 @@ _ATTEMPT: dict[Rule, Callable[[RoundFacts, _Updates, _Cluster], Phase]] = {
     Rule.PREEMPTED: _preempted,
     Rule.ATTEMPT_REFUSED: _attempt_refused,
     Rule.ATTEMPT_SUCCEEDED: _attempt_succeeded,
+    Rule.WORKER_DRAINED: _worker_drained_attempt,
     Rule.ATTEMPT_FAILED: _attempt_failed,
     Rule.ATTEMPT_RUNNING: _attempt_running,
     Rule.STARTING: _starting,
@@ -524,6 +560,7 @@ def rejected_status(
     status = RLJobStatus(
         phase=prev.phase or Phase.PENDING,
         restart_count=prev.restart_count,
+        attempt=prev.attempt,
         ray_job_id=prev.ray_job_id,
         ray_cluster_name=prev.ray_cluster_name,
         conditions=_merge_conditions(spec_valid, updates, generation, now),
@@ -605,7 +642,7 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
             Event(
                 "Normal",
                 EventReason.SUBMITTED_RAY_JOB,
-                f"submitted Ray job {after.ray_job_id} (attempt {after.restart_count})",
+                f"submitted Ray job {after.ray_job_id} (attempt {after.attempt})",  # compute_status writes it
             )
         )
     if after.phase is not before.phase:

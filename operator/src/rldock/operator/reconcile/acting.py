@@ -12,6 +12,7 @@ from rldock.operator.actions import (
     CountRestart,
     CreateCluster,
     DeleteCluster,
+    NextAttempt,
     StopJob,
     SubmitJob,
     SuspendCluster,
@@ -74,8 +75,10 @@ def apply(
                 "spec": {"suspend": action.suspend},
             },
         )
-    elif isinstance(action, CountRestart):
-        status["restartCount"] = rnd.previous.restart_count + 1
+    elif isinstance(action, (CountRestart, NextAttempt)):
+        status["attempt"] = rnd.facts.attempt + 1
+        if isinstance(action, CountRestart):
+            status["restartCount"] = rnd.previous.restart_count + 1
     elif isinstance(action, (SubmitJob, StopJob)):
         assert seen.jobs is not None, "jobs are only submitted or stopped on a running head"
         _apply_job(action, rnd, spec, seen, status, out)

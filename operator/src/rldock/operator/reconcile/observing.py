@@ -43,7 +43,7 @@ class Observer:
 
     def observe(self, rnd: Round, spec: RLJobSpec, cluster: Mapping[str, Any] | None, token: str) -> Seen:
         """The pods of `cluster` (None: not made yet) and, on a running head, its Jobs API's view of the attempt."""
-        attempt = rnd.previous.restart_count
+        attempt = rnd.facts.attempt
         submission_id = rnd.submission_id(attempt)
         if cluster is None:
             return Seen(job=job_observation(submission_id, None, previous=rnd.previous))
@@ -109,12 +109,20 @@ class Observer:
         except ValueError as error:  # a job state this operator does not know
             raise SkipRound(f"Ray job {submission_id}: {error}") from None
         lost: list[str] = []
+        terminating: tuple[str, ...] = ()
         if job is not None and job.status is RayJobStatus.RUNNING:
             lost = lost_workers(
                 summary, num_workers=spec.job.resources.num_nodes, attempt_workers=attempt_workers(details)
             )
+            terminating = tuple(w.name for w in summary.workers if w.terminating)
         return Seen(
-            summary=summary, job=job, progress=progress, lost=tuple(lost), previous_attempt=previous_attempt, jobs=jobs
+            summary=summary,
+            job=job,
+            progress=progress,
+            lost=tuple(lost),
+            workers_terminating=terminating,
+            previous_attempt=previous_attempt,
+            jobs=jobs,
         )
 
 

@@ -161,6 +161,7 @@ class Reconciler:
             unschedulable=seen.summary.unschedulable,
             lost_pods=seen.lost,
             head_terminating=seen.summary.head_terminating,
+            workers_terminating=seen.workers_terminating,
             environments=pod_sets.environments,
             agents=pod_sets.agents,
         )
@@ -225,7 +226,7 @@ class Reconciler:
         if url is None:
             return None
         jobs = self._jobs_client(url, self._token(rnd.ref))
-        submission_id = rnd.submission_id(rnd.previous.restart_count)
+        submission_id = rnd.submission_id(rnd.facts.attempt)
         try:
             details = jobs.get_job(submission_id)
             if details is not None and details.get("status") in {s.value for s in ACTIVE_JOB_STATES}:

@@ -86,6 +86,7 @@ class Seen:
     job: RayJobObservation | None = None
     progress: Progress = Progress()
     lost: tuple[str, ...] = ()
+    workers_terminating: tuple[str, ...] = ()  # worker pods being deleted while the Ray job runs
     previous_attempt: RayJobObservation | None = None
     jobs: RayJobsClient | None = None  # set when the head is up
 
