@@ -12,7 +12,7 @@ from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup
 
 REFERENCE = DeviceGroup("reference", "stage_sequence_ranks")
-CRITIC = DeviceGroup("critic", "sequence_ranks", distinct=True)
+CRITIC = DeviceGroup("critic", "stage_sequence_ranks", distinct=True)
 REWARD_MODEL = DeviceGroup("reward_model")
 MODEL_TERMS = {"terms": [{"name": "model", "path": "/rm"}, {"name": "digit_match"}]}
 

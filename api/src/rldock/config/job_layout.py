@@ -2,9 +2,9 @@
 read from the config once.
 
 Without `groups` the layout seats the device groups the config counts from the algorithm catalogue
-(rldock.contract.algorithms): a reference rank per data-parallel rank (none under LoRA, where the
-actor ranks run the reference pass; counted even where kl_coef 0 drops them), a critic rank per
-data-parallel rank for the algorithms with a critic, and one reward model for a `model` reward term.
+(rldock.contract.algorithms): a reference rank per stage sequence rank (PP x DP x CP; none under LoRA,
+where the actor ranks run the reference pass; counted even where kl_coef 0 drops them), a critic rank
+per stage sequence rank for the algorithms with a critic, and one reward model for a `model` reward term.
 The runtime passes the groups its worker-state specs run instead (rldock.runtime.flow.states), which
 this package cannot import; tests/unit/runtime/flow/test_states.py holds the two device counts equal.
 """
@@ -30,7 +30,7 @@ def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:
         split = training.context_parallel_size > 1 or training.pipeline_parallel_size > 1
         groups.append(DeviceGroup("reference", "stage_sequence_ranks", distinct=split))
     if needs_critic(cfg.algorithm.name):
-        groups.append(DeviceGroup("critic", "sequence_ranks", distinct=True))  # a DDP group
+        groups.append(DeviceGroup("critic", "stage_sequence_ranks", distinct=True))  # the actor's ranks without TP
     if cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name):
         groups.append(DeviceGroup("reward_model"))
     return tuple(groups)

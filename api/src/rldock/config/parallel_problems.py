@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
-from rldock.contract.algorithms import needs_critic
 
 if TYPE_CHECKING:
     from rldock.config.job import JobConfig
@@ -37,11 +36,6 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             training.expert_parallel_size > 1 and training.router_aux_loss_coef != 0,
             "beside expert_parallel_size needs training.router_aux_loss_coef: 0 (the load-balancing loss sums "
             "every layer's routing, which the stages hold apart: not built yet); set it, or use one of the two",
-        ),
-        (
-            needs_critic(cfg.algorithm.name),
-            f"with {cfg.algorithm.name}: not built yet (the critic, a value model on ranks of its own, runs "
-            "whole); use a critic-free algorithm such as grpo, or 1",
         ),
     )
     bad = [f"{pp} {says}" for failed, says in why if failed and pp > 1][:1]

@@ -87,7 +87,7 @@ class TrainingSpec(Spec):
         default=1,
         ge=1,
         description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
-        "DDP ranks.",
+        "data-parallel ranks (times context_parallel_size and pipeline_parallel_size, never TP-split).",
     )
     data_parallel_replicate_size: int = Field(
         default=1,
@@ -164,15 +164,17 @@ class TrainingSpec(Spec):
         le=64,
         description="PP: pipeline stages the decoder layers split into (as evenly as the count allows, the spare "
         "layers on the first stages), each on its own ranks: the actor runs pipeline_parallel_size x "
-        "data_parallel_size x context_parallel_size x tensor_parallel_size ranks (the reference, cut into the "
-        "same stages, pipeline_parallel_size x data_parallel_size x context_parallel_size). The update runs its "
+        "data_parallel_size x context_parallel_size x tensor_parallel_size ranks (the reference and PPO's "
+        "critic, cut into the same stages, pipeline_parallel_size x data_parallel_size x "
+        "context_parallel_size). The update runs its "
         "micro-batches on a 1F1B schedule (its idle share is (stages - 1) / (micro-batches + stages - 1): more "
         "micro-batches per mini-batch, a smaller bubble); the old-logprob pass streams its passes through the "
         "stages. Needs "
         "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size, "
         "context_parallel_size (each stage's CP ranks split the positions) and, with router_aux_loss_coef 0, "
         "expert_parallel_size (and routing replay: each stage replays its own layers' routing), and runs DPO's "
-        "preference step; not with a critic yet (docs/scaling.md, section 12).",
+        "preference step and PPO's critic (its value model's update on the same schedule; docs/scaling.md, "
+        "section 12).",
     )
     context_parallel_mode: ContextParallelMode = Field(
         default="ulysses",

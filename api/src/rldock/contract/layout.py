@@ -36,8 +36,8 @@ from typing import Literal
 from rldock.contract.placement import PlacementMode, PlacementPlan, SeatRequest, plan_placement
 
 # How many ranks a worker group runs: one per actor rank (PP x DP x CP x TP), one per sequence rank of each
-# pipeline stage (PP x DP x CP, `num_stage_sequence_ranks`: the reference runs its passes with the actor's
-# stages and CP), one per sequence rank (DP x CP, `num_sequence_ranks`: the critic, with the actor's CP), or one.
+# pipeline stage (PP x DP x CP, `num_stage_sequence_ranks`: the reference and the critic run their passes with
+# the actor's stages and CP), one per sequence rank (DP x CP, `num_sequence_ranks`), or one.
 RankCount = Literal["actor_ranks", "stage_sequence_ranks", "sequence_ranks", "one"]
 
 
@@ -92,13 +92,13 @@ class JobLayout:
     @property
     def num_sequence_ranks(self) -> int:
         """Ranks that hold a whole model replica's passes over distinct positions: DP x CP (what FSDP
-        shards over within a stage, and how many critic ranks run)."""
+        shards over within a stage, the actor's and the critic's)."""
         return self.dp * self.cp
 
     @property
     def num_stage_sequence_ranks(self) -> int:
         """Ranks that run a model's passes split into the actor's pipeline stages and over its CP ranks, without
-        TP: PP x DP x CP (the reference's)."""
+        TP: PP x DP x CP (the reference's and the critic's)."""
         return self.pp * self.num_sequence_ranks
 
     @property

@@ -61,8 +61,11 @@ class PassTally:
     pairs: int = 0
     head_positions: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return {"tokens": self.tokens, "pairs": self.pairs, "head_positions": self.head_positions}
+    def as_dict(self, *, counts: bool = True) -> dict[str, int]:
+        """`counts` False: zeros, for a rank whose passes repeat or continue another's (a TP peer, a pipeline
+        stage before the last: the backend's `counts_passes`), so a stage's FLOPs count each pass once."""
+        tally = self if counts else PassTally()
+        return {"tokens": tally.tokens, "pairs": tally.pairs, "head_positions": tally.head_positions}
 
 
 @dataclass(frozen=True)

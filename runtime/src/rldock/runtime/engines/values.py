@@ -11,6 +11,7 @@ from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
 from rldock.runtime.engines.ulysses import context_mask, pass_mask, shard_forward
 from rldock.runtime.models.context_group import context_group, sum_over_group
+from rldock.runtime.models.pipeline_stage import pipeline_links
 
 
 def valued_tokens(batch) -> Tensor:
@@ -41,23 +42,30 @@ def response_values(
     adds up what the passes computed (the value head's one output per position left out).
 
     Under context parallelism (engines/ulysses.py) each rank computes its slice of the positions and
-    the values are summed over the CP group (each rank's zero where another computed).
+    the values are summed over the CP group (each rank's zero where another computed). Under pipeline
+    parallelism (models/pipeline_stage.py) every stage runs the same passes through its own layers and only
+    the last, which holds the head, has values: the others' are zeros, as a stage's logprobs are
+    (engines/policy.py).
     """
     attention = response_mask if attention_mask is None else attention_mask
     plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
     group = context_group(model)
     cp = 1 if group is None else torch.distributed.get_world_size(group)
+    stage = pipeline_links(model)
+    scores = stage is None or stage.last  # a stage before the last passes its states on (docstring)
     chunks = []
     for plan in plans:
         inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
         if group is None:
             values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+            values = values if scores else values.new_zeros(values.shape[:2])
         else:
             kind, dtype = context_mask(model)
             mask = pass_mask(inputs.attention_mask, kind=kind, dtype=dtype)
             local_values, local = shard_forward(
                 model, inputs.input_ids, mask, inputs.position_ids, group=group, kind=kind
             )  # (b, n)
+            local_values = local_values if scores else local_values.new_zeros(local_values.shape[:2])
             length = (local.stop - local.start) * cp  # the padded sequence N
             values = sum_over_group(nn.functional.pad(local_values, (local.start, length - local.stop)), group)
         if tally is not None:

@@ -193,11 +193,12 @@ REFERENCE = WorkerGroup(
     ranks="stage_sequence_ranks",
     collective_when_split=True,
 )
+# Its PP x DP x CP ranks: the actor's layout without TP, the value model cut into the actor's stages.
 CRITIC = WorkerGroup(
     "critic",
     "rldock.runtime.workers.critic:CriticWorker",
     _critic_arguments,
-    ranks="sequence_ranks",
+    ranks="stage_sequence_ranks",
     collective=True,
     memory="critic",
 )

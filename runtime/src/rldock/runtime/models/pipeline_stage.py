@@ -98,6 +98,21 @@ class StageOutput(nn.Module):
         return hidden
 
 
+@dataclass(frozen=True)
+class StageParts:
+    """Where a model that is cut into stages keeps its decoder (`embed_tokens`, `layers`, `norm`) and its output
+    head, by attribute name: a Hugging Face causal LM's `model` and `lm_head`; a model of another shape says
+    its own as a class attribute `stage_parts` (the critic's value model, models/value.py)."""
+
+    decoder: str = "model"
+    head: str = "lm_head"
+
+
+def stage_parts(model: nn.Module) -> StageParts:
+    """`model`'s parts (`StageParts`): its own `stage_parts`, else a causal LM's."""
+    return getattr(model, "stage_parts", StageParts())
+
+
 def pipeline_links(model: nn.Module) -> StageLinks | None:
     """The stage `model` is, or None: it runs whole (so does a plain function standing in for a model)."""
     if not isinstance(model, nn.Module):

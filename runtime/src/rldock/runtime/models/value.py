@@ -16,9 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.models.pipeline_stage import StageParts
 
 
 class ValueModel(nn.Module):
+    stage_parts = StageParts(decoder="body", head="head")
+
     def __init__(self, body: nn.Module, hidden_size: int):
         super().__init__()
         self.body = body

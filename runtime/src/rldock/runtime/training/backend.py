@@ -32,6 +32,7 @@ from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+    from rldock.runtime.training.pipeline import PipelineStage
 
 # (HF name, tensor) pairs as the engine loads them
 WeightIter = Iterable[tuple[str, torch.Tensor]]
@@ -44,6 +45,12 @@ class TrainingBackend(Protocol):
 
     model: nn.Module  # the worker's model object, sharded or split in place (DDP: the bare model)
     optimizer: torch.optim.Optimizer  # over the parameters as the layout holds them
+
+    @property
+    def pipeline(self) -> PipelineStage | None:
+        """This rank's pipeline stage (FSDP under training.pipeline_parallel_size > 1; training/pipeline.py);
+        None where the model runs whole."""
+        ...
 
     @property
     def update_share(self) -> int:
@@ -116,8 +123,11 @@ class TrainingBackend(Protocol):
 def load_full_weights(backend: TrainingBackend, weights: Mapping[str, torch.Tensor]) -> None:
     """Inverse of `full_weights`: the whole model's tensors by state-dict name (every rank reads them
     whole) into the layout `backend` applied, each rank keeping its own part (torch's full state
-    dict: whole tensors copied, DTensor shards cut from them; collective where sharded). The
-    training state is brought onto the device first, as for a checkpoint's save."""
+    dict: whole tensors copied, DTensor shards cut from them; collective where sharded); a pipeline stage
+    keeps its own layers' under its own names. The training state is brought onto the device first, as for
+    a checkpoint's save."""
+    if backend.pipeline is not None:
+        weights = backend.pipeline.local_state(weights, held=backend.model.state_dict().keys())
     with backend.resident():
         set_model_state_dict(backend.model, dict(weights), options=StateDictOptions(full_state_dict=True))
 

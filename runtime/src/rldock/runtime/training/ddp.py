@@ -29,6 +29,8 @@ class DdpBackend:
     """One DDP rank. `ddp_model` None: a world of one that runs the bare model (an actor that has
     not joined a group, as the single-process tests build it; a lone critic rank, which never does)."""
 
+    pipeline: None = None  # the model runs whole (PP runs under FSDP)
+
     def __init__(
         self,
         cfg: JobConfig,

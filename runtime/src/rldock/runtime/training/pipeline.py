@@ -26,7 +26,7 @@ here each stage knows a pass's shape from the rows it holds, as every pass alrea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -36,12 +36,11 @@ from torch import Tensor, nn
 
 from rldock.contract.layout import stage_layer_counts
 from rldock.runtime.models.moe import routers
-from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links
+from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links, stage_parts
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
 # micro-batch -> (its loss, its metrics): training/accumulation.py's MicroLoss
 MicroLoss = Callable[[Any], tuple[Tensor, dict[str, float]]]
-LAYERS = "model.layers."
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
@@ -57,23 +56,25 @@ def stage_layers(num_layers: int, stages: int) -> list[range]:
 
 
 class StageNames:
-    """A stage's parameter names and the whole model's: `model.layers.{i}` here is layer first + i there."""
+    """A stage's parameter names and the whole model's: `{decoder}.layers.{i}` here is layer first + i there
+    (`decoder`: the model's decoder attribute, models/pipeline_stage.py's `StageParts`)."""
 
-    def __init__(self, layers: range) -> None:
-        self.layers = layers
+    def __init__(self, layers: range, *, decoder: str = "model") -> None:
+        self.layers, self.decoder = layers, decoder
+        self._prefix = f"{decoder}.layers."
 
     def whole(self, name: str) -> str:
-        if not name.startswith(LAYERS):
+        if not name.startswith(self._prefix):
             return name
-        index, rest = name[len(LAYERS) :].split(".", 1)
-        return f"{LAYERS}{self.layers.start + int(index)}.{rest}"
+        index, rest = name[len(self._prefix) :].split(".", 1)
+        return f"{self._prefix}{self.layers.start + int(index)}.{rest}"
 
     def local(self, name: str) -> str | None:
         """The stage's name for the whole model's `name`, or None where another stage holds it."""
-        if not name.startswith(LAYERS):
+        if not name.startswith(self._prefix):
             return name
-        index, rest = name[len(LAYERS) :].split(".", 1)
-        return f"{LAYERS}{int(index) - self.layers.start}.{rest}" if int(index) in self.layers else None
+        index, rest = name[len(self._prefix) :].split(".", 1)
+        return f"{self._prefix}{int(index) - self.layers.start}.{rest}" if int(index) in self.layers else None
 
 
 class PipelineStage:
@@ -153,12 +154,21 @@ class PipelineStage:
                 into["params"] += group_of_part["params"]
         return merged
 
+    def local_state(self, weights: Mapping[str, Tensor], held: Collection[str]) -> dict[str, Tensor]:
+        """Inverse of `whole_state` on this stage, whose state dict's names are `held`: the whole model's tensors
+        it holds, under its own names (a tied model's last stage gives its head the embedding's)."""
+        named = ((self.names.local(name), tensor) for name, tensor in weights.items())
+        local = {mine: tensor for mine, tensor in named if mine is not None and mine in held}
+        if self.tied is not None and self.last:
+            local[self.tied] = weights[f"{self.names.decoder}.embed_tokens.weight"]
+        return local
+
     def local_optimizer_state(self, state: dict, held: Collection[str]) -> dict:
         """Inverse of `whole_optimizer_state` on this stage, whose parameters are named `held`: their entries
         under those names (a tied model's last stage gives its head the embedding's)."""
         pairs = [(local, name) for name in state["state"] if (local := self.names.local(name)) in held]
         if self.tied is not None and self.last:
-            pairs.append((self.tied, "model.embed_tokens.weight"))
+            pairs.append((self.tied, f"{self.names.decoder}.embed_tokens.weight"))
         return {
             "state": {local: state["state"][name] for local, name in pairs},
             "param_groups": [
@@ -176,13 +186,14 @@ def split_stage(
     size = mesh.size("pp")
     if size == 1:
         return None
-    decoder: Any = getattr(model, "model", None)
-    config: Any = model.config
-    if not isinstance(getattr(decoder, "layers", None), nn.ModuleList) or not hasattr(model, "lm_head"):
+    parts = stage_parts(model)
+    decoder: Any = getattr(model, parts.decoder, None)
+    if not isinstance(getattr(decoder, "layers", None), nn.ModuleList) or not hasattr(model, parts.head):
         raise ValueError(
-            f"training.pipeline_parallel_size: {type(model).__name__} is not a decoder with model.layers and an "
-            "lm_head (Llama, Qwen2, Qwen3); use 1"
+            f"training.pipeline_parallel_size: {type(model).__name__} is not a decoder with {parts.decoder}.layers "
+            f"and a head {parts.head} (Llama, Qwen2, Qwen3); use 1"
         )
+    config: Any = decoder.config
     if len(set(getattr(config, "layer_types", None) or ["full_attention"])) > 1:
         raise ValueError(
             "training.pipeline_parallel_size: the model mixes attention kinds by layer (layer_types), which a "
@@ -206,7 +217,7 @@ def split_stage(
         first_router=routers_before,
         num_routers=len(routers(model)),
     )
-    head: Any = model.lm_head
+    head: Any = getattr(model, parts.head)
     tied_weights = head.weight is decoder.embed_tokens.weight
     # Each (first, last) pair of a tied model sums its gradients; every rank makes every pair's group, in order.
     tied_group = None
@@ -219,16 +230,17 @@ def split_stage(
     if tied_weights and index == size - 1:
         embedding = decoder.embed_tokens.weight  # frozen stays frozen (training.freeze_embeddings)
         head.weight = nn.Parameter(embedding.detach().clone(), requires_grad=embedding.requires_grad)
-        tied = "lm_head.weight"
+        tied = f"{parts.head}.weight"
     elif tied_weights and index == 0:
-        tied = "model.embed_tokens.weight"
+        tied = f"{parts.decoder}.embed_tokens.weight"
     decoder.layers = nn.ModuleList(decoder.layers[i] for i in layers)
     if index > 0:
         decoder.embed_tokens = StageInput(links)
     if index < size - 1:
         decoder.norm = StageOutput(links)
-        model.lm_head = nn.Identity()  # asked for no logits (engines/policy.py); the next stage scores
-    return PipelineStage(links, StageNames(layers), tied, tied_group)
+        # asked for no logits or values (engines/policy.py, engines/values.py); the next stage scores
+        setattr(model, parts.head, nn.Identity())
+    return PipelineStage(links, StageNames(layers, decoder=parts.decoder), tied, tied_group)
 
 
 def run_one_forward_one_backward(

@@ -34,9 +34,10 @@ def strategy_of(cfg: JobConfig) -> str:
 
 def data_parallel_strategy_of(cfg: JobConfig) -> str:
     """The layout of a model that trains over `training.data_parallel_size` ranks by data
-    parallelism alone, with no engine to reshard into (PPO's value model: TP plans split a causal
-    LM's decoder, not a value head): `fsdp` for `training.strategy: fsdp`, else `ddp`, whatever
-    training.tensor_parallel_size and training.resharding say of the policy."""
+    parallelism (and, under FSDP, the job's CP and pipeline stages) with no engine to reshard into
+    (PPO's value model: TP plans split a causal LM's decoder, not a value head): `fsdp` for
+    `training.strategy: fsdp`, else `ddp`, whatever training.tensor_parallel_size and
+    training.resharding say of the policy."""
     return "fsdp" if cfg.training.strategy == "fsdp" else "ddp"
 
 
@@ -53,13 +54,13 @@ def build_backend(
 ) -> TrainingBackend:
     """Apply the job's strategy to `model` on this rank (collective: the default group must exist,
     and every rank calls this before an engine adopts the group). `data_parallel_only`: its
-    data-parallel part (`data_parallel_strategy_of`), for a model that is not the policy.
+    data-parallel part (`data_parallel_strategy_of`), for a model that is not the policy: the
+    job's layout without TP.
     `defer_gradient_sync`: synchronise the micro-batches' gradients once per optimizer step where
     the layout would do it after each (FSDP; DDP and TP always defer it)."""
     strategy = data_parallel_strategy_of(cfg) if data_parallel_only else strategy_of(cfg)
-    if data_parallel_only:  # its ranks are the data-parallel (x CP) ones: no TP or PP split of its layers
-        whole = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
-        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update=whole)})
+    if data_parallel_only:  # its ranks are the stages' data-parallel (x CP) ones: no TP split of its layers
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"tensor_parallel_size": 1})})
     return BACKENDS[strategy].build(
         cfg,
         model=model,

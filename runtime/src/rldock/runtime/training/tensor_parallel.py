@@ -55,6 +55,8 @@ class TensorParallelBackend:
     sub-groups are formed collectively on every rank); then `attach_engine`.
     """
 
+    pipeline: None = None  # the model runs whole (PP runs under FSDP)
+
     def __init__(
         self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, rank: int, device_type: str
     ):

@@ -330,7 +330,7 @@ class ActorWorker(TakesTurns):
     def _computed(self, tally: PassTally) -> dict[str, int]:
         """What a stage the backend ran computed on this rank: `tally`, or nothing on a TP peer (its
         passes repeat its leader's batches), so the stage's FLOPs count each pass once."""
-        return tally.as_dict() if self.backend.counts_passes else PassTally().as_dict()
+        return tally.as_dict(counts=self.backend.counts_passes)
 
     def _train_share(
         self, call: StageCall, state: WorkerState, step: Callable[[TensorDict], dict], **share: Any

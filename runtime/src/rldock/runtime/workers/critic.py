@@ -1,22 +1,28 @@
-"""The critic worker state (PPO): one Ray actor per data-parallel rank, holding the value model.
+"""The critic worker state (PPO): one Ray actor per critic rank, holding the value model.
 
 Two stages per iteration, both through the dock: `critic_inference` writes each response token's
 value (before advantages can be estimated), `critic_update` regresses the values to the returns the
 advantage stage wrote, with PPO's value clipping. Ray runs an actor's calls in submission order, so
 an iteration's inference is complete before its update starts.
 
-Data parallelism mirrors the actor's (`training.data_parallel_size` critic ranks, one
-torch.distributed group of their own), and the critic trains through the same training backends
-as the actor (rldock.runtime.training), applied to the value model in `join_group`: the
-data-parallel part of the job's layout (training/strategies.py's `data_parallel_strategy_of`: DDP
-replicas, or FSDP2 shards with training.fsdp_cpu_offload and training.mixed_precision; the value
-model is never TP-split, whatever training.tensor_parallel_size says of the policy). The backend deals each stage's
-samples (inference as the layout's forward needs them, the update exactly this rank's token-balanced
-share), accumulates the micro-batches (`accumulate`; under FSDP their gradients are reduce-scattered
-once per step, `defer_gradient_sync`), steps, and gathers and reshards the checkpoint: the same
-`critic.pt` (the whole value model) and `critic_optimizer.pt` whichever layout wrote them, read
-whole by every rank on resume. A lone rank (data_parallel_size 1) joins no group and trains the bare
-model. training.gradient_checkpointing applies under every layout, as for the actor.
+Its ranks mirror the actor's without TP (the job layout's stage sequence ranks: PP x DP x CP, one
+torch.distributed group of their own), and the critic trains through the same training backends as
+the actor (rldock.runtime.training), applied to the value model in `join_group`: the job's layout
+without TP (training/strategies.py's `data_parallel_strategy_of`: DDP replicas, or FSDP2 shards with
+training.fsdp_cpu_offload, training.mixed_precision, CP and pipeline stages; the value model is
+never TP-split, whatever training.tensor_parallel_size says of the policy). Under
+training.pipeline_parallel_size > 1 the value model is cut into the actor's stages (training/
+pipeline.py's `split_stage`, models/value.py's `stage_parts`), its inference streams through them and
+its update runs them on 1F1B, as the policy's do: a data-parallel rank's rows are read by its last
+stage's first rank, which alone holds the head and writes the values; the other stages' values and
+losses are zeros and their metrics the last stage's. The backend deals each stage's samples
+(inference as the layout's forward needs them, the update exactly this rank's token-balanced share),
+accumulates the micro-batches (`accumulate`; under FSDP their gradients are reduce-scattered once per
+step, `defer_gradient_sync`), steps, and gathers and reshards the checkpoint: the same `critic.pt`
+(the whole value model, every stage's layers under the whole model's names) and `critic_optimizer.pt`
+whichever layout wrote them, read whole by every rank on resume, each keeping its stage's part. A lone
+rank (one critic rank) joins no group and trains the bare model. training.gradient_checkpointing
+applies under every layout, as for the actor.
 """
 
 from __future__ import annotations
@@ -27,21 +33,21 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.engines.policy import PassTally, response_attention, sort_by_tokens
+from rldock.runtime.engines.policy import PassTally, response_attention
 from rldock.runtime.engines.process_group import Rendezvous
-from rldock.runtime.engines.values import response_values, valued_tokens
+from rldock.runtime.engines.values import response_values
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import CRITIC_INFERENCE, CRITIC_UPDATE, StageCall
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
-from rldock.runtime.training.accumulation import accumulate, train_share
+from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend, load_full_weights
 from rldock.runtime.training.checksum import weights_sum
 from rldock.runtime.training.group import TrainingGroup
+from rldock.runtime.training.value_step import value_step
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
 
@@ -81,15 +87,15 @@ class CriticWorker(TakesTurns):
     def join_group(self, rendezvous: Rendezvous) -> None:
         """Form the critic ranks' process group and apply the training layout to the value model
         (called on all ranks at once; the optimizer is built on the parameters as the layout holds
-        them). A lone rank (data_parallel_size 1) needs no group and trains the bare model, as a
-        lone FSDP actor rank holds everything anyway."""
+        them; under PP the model is cut to this rank's stage first). A lone rank (one critic rank)
+        needs no group and trains the bare model, as a lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
         self.backend = self.group.join(
             rendezvous,
             self.model,
             self._make_optimizer,
-            data_parallel_only=True,  # the value model is never TP-split
+            data_parallel_only=True,  # the value model is never TP-split (its stages are the actor's)
             # One gradient synchronisation per step (the memory planner counts the whole gradients
             # this keeps under FSDP: planning/memory.py).
             defer_gradient_sync=True,
@@ -120,7 +126,7 @@ class CriticWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(CRITIC_INFERENCE.name), infer
         )
-        return timing.with_metrics(rank=self.rank, computed=tally.as_dict())
+        return timing.with_metrics(rank=self.rank, computed=tally.as_dict(counts=self.backend.counts_passes))
 
     @in_turn(CRITIC_UPDATE)
     def update(self, call: StageCall) -> StageResult:
@@ -135,61 +141,25 @@ class CriticWorker(TakesTurns):
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
             after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)
         )
+        stage = self.backend.pipeline
         return timing.with_metrics(
-            **summary, rank=self.rank, weights_sum=weights_sum(self.model), computed=tally.as_dict()
+            **summary,
+            rank=self.rank,
+            weights_sum=weights_sum(self.model, stages=None if stage is None else stage.links.group),
+            computed=tally.as_dict(counts=self.backend.counts_passes),
         )
 
     def _optimizer_step(self, mini_batch: TensorDict, tally: PassTally | None = None) -> dict[str, float]:
-        """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the
-        mini-batch of every rank. The layouts average gradients over ranks, so each rank scales by
-        world_size / global tokens; the step is then the same however the dock split the samples.
-        `tally` adds up what the forward passes computed."""
-        algo = self.cfg.algorithm
-        mini_batch = mini_batch.to(self.device.torch_device)
-        local_tokens = valued_tokens(mini_batch).sum().float().clamp(min=1)
-        global_tokens = local_tokens.clone()
-        if self.world_size > 1:
-            torch.distributed.all_reduce(global_tokens)
-        tokens_per_rank = global_tokens / self.world_size
-        if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
-            mini_batch = mini_batch[sort_by_tokens(mini_batch)]
-
-        def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = valued_tokens(micro).float()  # (b, SL): the steps' values (GAE's unit)
-            values = response_values(
-                self.backend.training_module(),
-                micro["prompt_ids"],
-                micro["prompt_mask"],
-                micro["response_ids"],
-                micro["response_mask"],
-                micro_batch_size=len(micro),
-                trim=self.cfg.training.trim_padding,
-                attention_mask=response_attention(micro),
-                tally=tally,
-            )  # (b, SL)
-            loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
-            w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean
-            return loss.loss * (mask.sum() / tokens_per_rank), {
-                "value_loss": loss.loss.item() * w,
-                "value_clip_fraction": loss.clip_fraction.item() * w,
-                "value_mean": float((values.detach() * mask).sum() / mask.sum().clamp(min=1)) * w,
-            }
-
-        stats = accumulate(
-            self.backend,
-            mini_batch.split(self.cfg.training.micro_batch_size),
-            micro_loss,
-            max_grad_norm=algo.max_grad_norm,
-        )
-        stats["value_grad_norm"] = stats.pop("grad_norm")
-        return stats
+        """One value-regression step on a mini-batch (training/value_step.py)."""
+        batch = mini_batch.to(self.device.torch_device)
+        return value_step(self.backend, batch, cfg=self.cfg, world_size=self.world_size, tally=tally)
 
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
         """Rank 0 writes the whole value model and the backend its optimizer state (DDP: rank 0's,
-        every rank's being the same; FSDP: gathered whole first, collective, so the model file is
-        the same whichever layout wrote it)."""
+        every rank's being the same; FSDP: gathered whole first, every stage's under PP, collective,
+        so the model file is the same whichever layout wrote it)."""
         staging = Path(staging_dir)
         with self.backend.resident():
             weights = self.backend.full_weights()  # None: this rank holds the whole model already
@@ -198,7 +168,8 @@ class CriticWorker(TakesTurns):
             torch.save(self.model.state_dict() if weights is None else weights, staging / CRITIC_FILE)
 
     def load(self, checkpoint_dir: str) -> None:
-        """Every rank reads the whole files and keeps its own part of them (collective where sharded)."""
+        """Every rank reads the whole files and keeps its own part of them (its stage's under PP;
+        collective where sharded)."""
         checkpoint = Path(checkpoint_dir)
         load_full_weights(self.backend, torch.load(checkpoint / CRITIC_FILE, map_location="cpu"))
         self.backend.load_optimizer(checkpoint / CRITIC_OPTIMIZER_FILE, map_location=self.device.torch_device)
