@@ -124,7 +124,16 @@ def test_the_grace_period_is_held_to_what_a_stop_takes():
     running = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.RUNNING)
     line = {"iteration": 7, "reward_mean": 0.5, "tokens_per_s_per_device": 100.0, "iteration_s": 40.0}
     _, _, first, _ = a_round(None, at=0, ray_job=running, metrics=line)
-    assert "GracePeriodSufficient" not in conditions(first)  # no checkpoint saved yet: no figure
+    assert "GracePeriodSufficient" not in conditions(first)  # neither a checkpoint's save nor its estimate
+    # Before the first checkpoint, the driver's estimate of a save stands in for it.
+    short = RLJobSpec.model_validate(spec_dict(preemption={"gracePeriodSeconds": 60}))
+    facts = round_facts(
+        spec=short, now=NOW, ray_cluster=READY, ray_job=running, metrics=line | {"checkpoint_estimate_s": 30.0}
+    )
+    estimated = compute_status(facts, Rule.ATTEMPT_RUNNING)
+    assert conditions(estimated)["GracePeriodSufficient"] == ("False", "StopTooSlow")
+    message = next(c["message"] for c in estimated["conditions"] if c["type"] == "GracePeriodSufficient")
+    assert "then a checkpoint as estimated before the first 30 s" in message and message.endswith("at least 120")
     _, _, fits, _ = a_round(first, at=5, ray_job=running, metrics=line | {"checkpoint_s": 20.0})
     assert conditions(fits)["GracePeriodSufficient"] == ("True", "StopFits")  # 60 s of the 285 s the default leaves
     short = RLJobSpec.model_validate(spec_dict(preemption={"gracePeriodSeconds": 60}))

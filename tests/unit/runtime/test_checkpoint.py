@@ -50,7 +50,7 @@ def test_a_checkpoint_says_how_long_its_save_took_and_the_progress_line_what_a_s
     seconds (its cycle where longer): what a SIGTERM stop may take, held by the operator to the grace period."""
     import json
 
-    from rldock.contract.progress import CHECKPOINT_S, ITERATION_S, PREFIX
+    from rldock.contract.progress import CHECKPOINT_ESTIMATE_S, CHECKPOINT_S, ITERATION_S, PREFIX
     from rldock.runtime.driver.records import progress_line
 
     clock = iter([1000.0, 1002.5])  # the save starts, then commits 2.5 s later
@@ -65,3 +65,9 @@ def test_a_checkpoint_says_how_long_its_save_took_and_the_progress_line_what_a_s
     older = ckpt.Checkpoint(saved.path, 3)
     (saved.path / ckpt.SAVE_FILE).unlink()  # saved before this was recorded
     assert older.save_seconds is None and CHECKPOINT_S not in progress_line(record, 10, older, None)
+    # The driver's estimate of a save stands in before any was measured, and only then.
+    estimated = json.loads(progress_line(record, 10, None, None, 1.234).removeprefix(PREFIX))
+    assert estimated[CHECKPOINT_ESTIMATE_S] == 1.23 and CHECKPOINT_S not in estimated
+    assert CHECKPOINT_ESTIMATE_S in progress_line(record, 10, older, None, 1.234)  # a save of unknown seconds
+    (saved.path / ckpt.SAVE_FILE).write_text(json.dumps({"seconds": 2.5}))
+    assert CHECKPOINT_ESTIMATE_S not in progress_line(record, 10, saved, None, 1.234)

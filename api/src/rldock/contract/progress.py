@@ -35,6 +35,9 @@ MISMATCH_KL = "mismatch_kl"
 # run-ahead schedule), which the iteration under way may need to finish, and the last checkpoint's save.
 # The operator holds their sum to what spec.preemption.gracePeriodSeconds leaves the driver.
 ITERATION_S, CHECKPOINT_S = "iteration_s", "checkpoint_s"
+# Until the first checkpoint measures its save, the driver's estimate of it (rldock.runtime.planning.checkpoint_size:
+# the bytes a checkpoint writes at the write rate measured in the output folder) stands in for CHECKPOINT_S.
+CHECKPOINT_ESTIMATE_S = "checkpoint_estimate_s"
 
 # The last evaluation, carried on every progress line after it (the operator keeps only the last
 # line, and most iterations do not evaluate): its iteration (0: the initial policy), mean reward

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from rldock.config import Problem
 from rldock.contract.progress import (
+    CHECKPOINT_ESTIMATE_S,
     CHECKPOINT_S,
     ITERATION_S,
     MISMATCH_KL,
@@ -142,16 +143,18 @@ def _mismatch_budget(f: RoundFacts, out: _Updates) -> None:
 
 def _grace_period(f: RoundFacts, out: _Updates) -> None:
     """GracePeriodSufficient: whether a stop as the last progress line measures it (the iteration under way may
-    take an iteration's seconds, then a checkpoint's save) fits in what spec.preemption.gracePeriodSeconds
-    leaves the driver; left as it was in a round that read no new line, or before the first checkpoint."""
-    if f.spec is None or f.metrics is None or not {ITERATION_S, CHECKPOINT_S} <= f.metrics.keys():
+    take an iteration's seconds, then a checkpoint's save; before the first checkpoint, the driver's estimate of
+    the save) fits in what spec.preemption.gracePeriodSeconds leaves the driver; left as it was in a round that
+    read no new line, or one with neither figure of a save."""
+    metrics = f.metrics or {}
+    save_key = CHECKPOINT_S if CHECKPOINT_S in metrics else CHECKPOINT_ESTIMATE_S
+    if f.spec is None or not {ITERATION_S, save_key} <= metrics.keys():
         return
-    iteration_s, checkpoint_s = float(f.metrics[ITERATION_S]), float(f.metrics[CHECKPOINT_S])
+    iteration_s, checkpoint_s = float(metrics[ITERATION_S]), float(metrics[save_key])
     need, grace = iteration_s + checkpoint_s, f.spec.preemption.grace_period_seconds
     room = grace - PREEMPT_MARGIN_S
-    figures = (
-        f"a stop takes up to {need:.0f} s (an iteration {iteration_s:.0f} s, then a checkpoint {checkpoint_s:.0f} s)"
-    )
+    save = "a checkpoint" if save_key == CHECKPOINT_S else "a checkpoint as estimated before the first"
+    figures = f"a stop takes up to {need:.0f} s (an iteration {iteration_s:.0f} s, then {save} {checkpoint_s:.0f} s)"
     if need <= room:
         message = f"{figures}, within the {room} s spec.preemption.gracePeriodSeconds {grace} leaves the driver"
         out.set(ConditionType.GRACE_PERIOD_SUFFICIENT, True, Reason.STOP_FITS, message)

@@ -114,6 +114,30 @@ def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
     return checkpoints[-1] if checkpoints else None
 
 
+PROBE_BYTES = 32 * 1024**2  # enough for a disk's cache and a network volume's round trips not to dominate
+
+
+def measure_write_rate(output_dir: Path, *, size: int = PROBE_BYTES) -> float:
+    """Bytes a second the checkpoint folder takes: `size` bytes written there and synced to the device, as a
+    save writes and commits its files (rldock.runtime.planning.checkpoint_size estimates a save from it). The
+    bytes are random (a compressing file system would take zeros faster than a checkpoint's weights); the
+    probe file is removed."""
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    block = os.urandom(1024**2)
+    probe = root / ".write-probe"
+    start = time.perf_counter()
+    try:
+        with probe.open("wb") as f:
+            for _ in range(max(1, size // len(block))):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        return max(1, size // len(block)) * len(block) / (time.perf_counter() - start)
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def save_inflight(
     output_dir: Path, *, iteration: int, dock_state: dict[str, Any], finished: dict[str, list], launched: dict[str, int]
 ) -> Path:

@@ -27,6 +27,7 @@ from rldock.config import JobConfig
 from rldock.contract.layout import JobLayout
 from rldock.runtime.agent.builders import job_conversation
 from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.checkpoint import measure_write_rate
 from rldock.runtime.data import (
     DataFiles,
     PromptDataset,
@@ -45,6 +46,8 @@ from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REWARD_STATE, states_layout
 from rldock.runtime.models import MODEL_BUILDERS
 from rldock.runtime.models.loading import load_tokenizer
+from rldock.runtime.planning.checkpoint_size import checkpoint_bytes, save_seconds
+from rldock.runtime.planning.shapes import load_shape
 from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.startup import DriverClock
 
@@ -68,6 +71,7 @@ class JobInputs:
     reference_dir: Path  # the initial policy: the reference, where RL starts, the critic's body
     evaluator: Evaluator | None  # held-out evaluation; None when evaluation.interval is 0
     startup_clock: DriverClock  # the driver's start-up until its inputs were ready (timing/startup)
+    checkpoint_estimate_s: float | None = None  # a save's seconds before one was measured (estimate_checkpoint_save)
 
 
 def prepare_inputs(cfg: JobConfig, output_dir: Path, *, beside: Callable[[], object] | None = None) -> JobInputs:
@@ -125,6 +129,7 @@ def _prepare(cfg: JobConfig, output_dir: Path, recipe: Recipe, startup_clock: Dr
     )
     reference_dir = prepare_initial_policy(cfg, output_dir, base, dataset, conversation=conversation)
     evaluator = heldout_evaluation(cfg, tokenizer, data_files.val, conversation=conversation)
+    checkpoint_estimate_s = estimate_checkpoint_save(cfg, reference_dir, output_dir)
     startup_clock.inputs_ready()
     return JobInputs(
         recipe=recipe,
@@ -136,7 +141,30 @@ def _prepare(cfg: JobConfig, output_dir: Path, recipe: Recipe, startup_clock: Dr
         reference_dir=reference_dir,
         evaluator=evaluator,
         startup_clock=startup_clock,
+        checkpoint_estimate_s=checkpoint_estimate_s,
     )
+
+
+def estimate_checkpoint_save(cfg: JobConfig, policy_dir: Path, output_dir: Path) -> float | None:
+    """The seconds a checkpoint's save should take: the bytes it writes (rldock.runtime.planning.checkpoint_size,
+    from the policy's config.json) at the write rate measured in the output folder. The progress lines carry it
+    until a checkpoint's own seconds replace it, so that the operator holds the preemption grace period to a
+    stop's figures from the first iteration on. None (logged) for a model the planner cannot read."""
+    try:
+        shape = load_shape(preset=None, model_path=str(policy_dir))
+    except (ValueError, KeyError, TypeError) as error:
+        logger.info("no checkpoint save estimate for %s: %s", policy_dir, error)
+        return None
+    size, rate = checkpoint_bytes(cfg, shape), measure_write_rate(output_dir)
+    seconds = save_seconds(size, write_rate=rate)
+    logger.info(
+        "a checkpoint writes %.3f GiB: about %.2f s at the %.0f MiB/s measured in %s",
+        size.total / 1024**3,
+        seconds,
+        rate / 1024**2,
+        output_dir,
+    )
+    return seconds
 
 
 def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rldock.contract.progress import (
+    CHECKPOINT_ESTIMATE_S,
     CHECKPOINT_S,
     ITERATION_S,
     MISMATCH_KL,
@@ -245,11 +246,13 @@ def progress_line(
     iterations: int,
     checkpoint: Checkpoint | None,
     last_evaluation: dict[str, Any] | None,
+    checkpoint_estimate_s: float | None = None,
 ) -> str:
     """The iteration's machine-readable progress line (rldock.contract.progress): its figures rounded
     (DPO records have no sampled reward; its preference accuracy stands in: headline_key), the train-inference
-    mismatch where the job measures it, the newest `checkpoint`'s iteration and the seconds its save took, the
-    iteration's (its cycle where longer: what a stop may wait for) and the last evaluation."""
+    mismatch where the job measures it, the newest `checkpoint`'s iteration and the seconds its save took (before
+    one was measured, `checkpoint_estimate_s`), the iteration's (its cycle where longer: what a stop may wait
+    for) and the last evaluation."""
     keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
     gap = {MISMATCH_KL: float(f"{record['mismatch/kl']:.4g}")} if "mismatch/kl" in record else {}  # 4 figures
     timing = record.get("timing", {})
@@ -264,6 +267,11 @@ def progress_line(
             "checkpoint": checkpoint.iteration if checkpoint is not None else None,
             **({ITERATION_S: round(took, 2)} if timing else {}),
             **({CHECKPOINT_S: round(checkpoint_s, 2)} if checkpoint_s is not None else {}),
+            **(
+                {CHECKPOINT_ESTIMATE_S: round(checkpoint_estimate_s, 2)}
+                if checkpoint_s is None and checkpoint_estimate_s is not None
+                else {}
+            ),
             **evaluation_headline(last_evaluation),
         }
     )

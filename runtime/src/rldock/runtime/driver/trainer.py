@@ -327,7 +327,8 @@ class Trainer:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
-        print(progress_line(record, self.cfg.iterations, latest, self._last_evaluation), flush=True)
+        estimate = self.inputs.checkpoint_estimate_s if latest is None else None  # a retry may not prepare inputs
+        print(progress_line(record, self.cfg.iterations, latest, self._last_evaluation, estimate), flush=True)
 
     def _save_checkpoint(self, loop: AttemptLoop, iteration: int) -> None:
         # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a
