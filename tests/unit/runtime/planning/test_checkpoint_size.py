@@ -18,7 +18,7 @@ from rldock.runtime.driver.inputs import estimate_checkpoint_save
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock.runtime.planning.checkpoint_size import SAVE_WORK_FACTOR, checkpoint_bytes, save_seconds
+from rldock.runtime.planning.checkpoint_size import SAVE_FIXED_S, SAVE_WORK_FACTOR, checkpoint_bytes, save_seconds
 from rldock.runtime.planning.shapes import load_shape
 from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.training.policy_checkpoint import save_policy
@@ -109,7 +109,7 @@ def test_the_driver_estimates_a_save_from_the_bytes_and_the_rate_it_measures(pol
     assert rate > 0 and not any((tmp_path / "checkpoints").iterdir())  # the probe file is gone
     cfg = _cfg(policy_dir, algorithm="ppo", freeze_embeddings=False)
     size = checkpoint_bytes(cfg, load_shape(preset=None, model_path=str(policy_dir)))
-    assert save_seconds(size, write_rate=1024**2) == SAVE_WORK_FACTOR * size.total / 1024**2
+    assert save_seconds(size, write_rate=1024**2) == SAVE_FIXED_S + SAVE_WORK_FACTOR * size.total / 1024**2
     with pytest.raises(ValueError, match="write_rate must be positive"):
         save_seconds(size, write_rate=0)
     estimate = estimate_checkpoint_save(cfg, policy_dir, tmp_path)

@@ -14,8 +14,10 @@ at the start (rldock.runtime.checkpoint.measure_write_rate: 32 MiB written and s
 costs more than the write itself on a fast local disk: SmolLM2-135M's checkpoint (1.39 GB) took 2.85 and
 3.08 s to save in two jobs on the 2-core machine, where the probe measured 1.4-1.8 GB/s (0.77-0.97 s of
 writing: 3-4x less). The estimate allows SAVE_WORK_FACTOR times the write, so that it errs long (the grace
-period it is held to then errs long too); the driver reports it on its progress lines until the first
-checkpoint's own seconds replace it.
+period it is held to then errs long too), plus SAVE_FIXED_S for what a save costs whatever its size (a call to
+every worker, the RNG states, the prompt ledger, the renames: the demo's 6 MB took 0.03-0.08 s). The driver
+reports the estimate on its progress lines until the first checkpoint's own seconds replace it
+(`python -m rldock_benchmarks.checkpoint_save CONFIG` sets the two side by side).
 """
 
 from __future__ import annotations
@@ -52,12 +54,13 @@ def checkpoint_bytes(cfg: JobConfig, shape: ModelShape) -> CheckpointBytes:
     )
 
 
-# A save's seconds over its bytes' raw write at the measured rate (module docstring: 3-4x measured here).
-SAVE_WORK_FACTOR = 4.0
+# A save's seconds over its bytes' raw write at the measured rate (module docstring: 3-4x measured here), and
+# what it costs whatever its size.
+SAVE_WORK_FACTOR, SAVE_FIXED_S = 4.0, 0.1
 
 
 def save_seconds(size: CheckpointBytes, *, write_rate: float) -> float:
     """The seconds a save of `size` should take where the storage writes `write_rate` bytes a second."""
     if write_rate <= 0:
         raise ValueError(f"write_rate must be positive, got {write_rate}")
-    return SAVE_WORK_FACTOR * size.total / write_rate
+    return SAVE_FIXED_S + SAVE_WORK_FACTOR * size.total / write_rate
