@@ -197,12 +197,13 @@ def test_a_job_no_single_setting_fits_is_told_the_pipeline_stages_beside_the_dat
     assert "training.data_parallel_size >= 4" in verdict.message
     # the fewest stages at which the lean job fits: 2 do not, 4 do (7.6B parameters' state over 4 stages)
     assert "training.pipeline_parallel_size >= 4 at data_parallel_size 1" in verdict.message
-    # a critic's job is told no stages: the config refuses PP beside a critic (on 128 GiB its critic fits)
+    # a critic's job is told stages too, its value model cut into the same ones: 4 on 128 GiB, where the job
+    # without a critic needs 2 (the lean job seats a critic rank beside each actor rank, and the two add up)
     ppo = check_fit(_one_rank_7b(name="ppo"), PRESETS["qwen2.5-7b"], device_memory=128 * GIB)
     assert not ppo.fits and ppo.field == "training.data_parallel_size"
-    assert "pipeline_parallel_size" not in ppo.message
+    assert "training.pipeline_parallel_size >= 4 at data_parallel_size 1" in ppo.message
     grpo = check_fit(_one_rank_7b(), PRESETS["qwen2.5-7b"], device_memory=128 * GIB)
-    assert "training.pipeline_parallel_size >= 2" in grpo.message  # the same job without a critic is
+    assert "training.pipeline_parallel_size >= 2" in grpo.message
 
 
 def test_the_stages_named_say_the_devices_their_ranks_take_beyond_the_resources():
@@ -215,3 +216,23 @@ def test_the_stages_named_say_the_devices_their_ranks_take_beyond_the_resources(
     )
     verdict = check_fit(roomy, PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
     assert "at data_parallel_size 1 (peak then" in verdict.message
+
+
+def test_a_critic_rank_holds_its_fullest_stage_s_value_model():
+    """Under PP the critic's value model is cut into the actor's stages (runtime workers/critic.py): the stages'
+    parameters add up to the whole value model's, and a critic rank is planned as the fullest stage's, its
+    state 1/stages of the whole's or so (7B at PP 2, float32, FSDP over one rank a stage)."""
+    from rldock.runtime.planning.memory import DTYPE_BYTES, critic_params, critic_stage_params, plan_critic
+
+    shape = PRESETS["qwen2.5-7b"]
+    stages = [critic_stage_params(shape, stage=s, stages=2) for s in range(2)]
+    assert sum(stages) == critic_params(shape) == critic_stage_params(shape, stage=0, stages=1)
+    cfg = _one_rank_7b(name="ppo")
+    staged = cfg.model_copy(
+        update={"training": cfg.training.model_copy(update={"strategy": "fsdp", "pipeline_parallel_size": 2})}
+    )
+    critic = plan_critic(staged, shape)
+    assert critic is not None
+    assert critic.update.params == max(stages) * DTYPE_BYTES[cfg.model.dtype]
+    whole = plan_critic(cfg, shape)
+    assert whole is not None and critic.update.params < 0.6 * whole.update.params

@@ -79,6 +79,9 @@ compute dtype. Its micro-batches accumulate gradients without a sync (FSDP2's
 set_requires_gradient_sync), which keeps each parameter's whole gradient on the device until the
 step's reduce-scatter: in the update gradients are counted whole when a rank's mini-batch spans
 more than one micro-batch, else sharded like the params; in generation the gradient shards stay.
+Under PP the critic's value model is cut into the actor's stages and a critic rank is planned as its fullest
+stage's: that stage's layers (the embedding on the first, the final norm and the value head on the last)
+under FSDP over the stage's ranks, and its layers' activations for the micro-batches 1F1B holds there.
 Critic ranks never share a device with each other (rldock.contract.placement); a critic rank's
 device holds it alone, or beside an actor rank in a colocated job whose actor devices have a half
 left (`CriticBytes.beside_actor`), and then the two add up.
@@ -113,12 +116,18 @@ from rldock.runtime.planning.dtypes import (
     training_dtype,
 )
 from rldock.runtime.planning.moe_bytes import MoePlan, RedundantWeights, plan_moe, plan_redundant_weights
-from rldock.runtime.planning.pipeline_stages import pipeline_bubble
+from rldock.runtime.planning.pipeline_stages import (
+    micro_batches_held,
+    pipeline_bubble,
+    stage_layer_counts,
+    stage_layers,
+)
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.planning.training_state import (
     fsdp_gathered_bytes,
     fsdp_shard_ranks,
     fsdp_whole_gradient_bytes,
+    layers_params_per_tp_rank,
     stage_training_state_bytes,
     training_state_bytes,
 )
@@ -241,30 +250,55 @@ def critic_params(shape: ModelShape) -> int:
     return shape.num_params - lm_head + shape.hidden_size + 1
 
 
+def critic_stage_params(shape: ModelShape, *, stage: int, stages: int) -> int:
+    """The value model's parameters on pipeline stage `stage` of `stages` (all of them at one stage): its
+    decoder layers (planning/pipeline_stages.py's split, the policy's), the token embedding on the first,
+    the final norm and the value head on the last."""
+    if stages == 1:
+        return critic_params(shape)
+    layers = layers_params_per_tp_rank(shape, stage_layers(shape.num_layers, stage=stage, stages=stages), tp=1)
+    embedding = shape.vocab_size * shape.hidden_size if stage == 0 else 0
+    return layers + embedding + (2 * shape.hidden_size + 1 if stage == stages - 1 else 0)
+
+
 def critic_is_sharded(cfg: JobConfig) -> bool:
-    """Whether the critic ranks shard the value model (FSDP over more than one rank: DP x CP)."""
-    return cfg.training.strategy == "fsdp" and fsdp_shard_ranks(cfg) > 1
+    """Whether the critic ranks hold the value model under FSDP (more than one rank, or pipeline stages: DP x CP
+    ranks a stage); else a whole replica (DDP, or one rank)."""
+    training = cfg.training
+    return training.strategy == "fsdp" and (fsdp_shard_ranks(cfg) > 1 or training.pipeline_parallel_size > 1)
 
 
 def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
-    """One critic rank's device bytes (module docstring); None when the algorithm has no critic."""
+    """One critic rank's device bytes (module docstring), under PP the fullest stage's; None when the algorithm
+    has no critic."""
     if "critic" not in memory_models(job_recipe(cfg).specs):
         return None
-    training = cfg.training
-    param_bytes = DTYPE_BYTES[cfg.model.dtype]
-    params = critic_params(shape) * param_bytes
-    values = micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
     beside = _critic_beside_actor(cfg)
+    stages = range(cfg.training.pipeline_parallel_size)
+    return max((_plan_critic_stage(cfg, shape, stage, beside=beside) for stage in stages), key=lambda c: c.peak)
+
+
+def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside: bool) -> CriticBytes:
+    """A critic rank of pipeline stage `stage` (0 without PP): its stage's value-model state, and the update's
+    activations of its layers for the micro-batches 1F1B holds there at once."""
+    training = cfg.training
+    stages = training.pipeline_parallel_size
+    param_bytes = DTYPE_BYTES[cfg.model.dtype]
+    params = critic_stage_params(shape, stage=stage, stages=stages) * param_bytes
+    values = micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
+    held = micro_batches_held(stage=stage, stages=stages, micro_batches=max(1, update_micro_batches(cfg)))
+    layers = stage_layer_counts(shape.num_layers, stages)[stage]
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
         activations = decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
         state = (params, params, 2 * params)  # params, grads, AdamW's two moments
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
         )
-    dp = fsdp_shard_ranks(cfg)  # FSDP over DP x CP ranks (a replica's under HSDP)
+    dp = fsdp_shard_ranks(cfg)  # FSDP over DP x CP ranks (a replica's under HSDP; a stage's under PP)
     element = compute_element_bytes(cfg)
-    activations = decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
-    gathered = (2 * shape.layer_params + shape.vocab_size * shape.hidden_size) * element
+    activations = decoder_activation_bytes(cfg, shape, element=element, tp=1, layers=layers, held=held) + values
+    embedding = shape.vocab_size * shape.hidden_size if stage == 0 else 0  # the root's, on the first stage
+    gathered = (2 * shape.layer_params + embedding) * element
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
     accumulates = mini_batch > training.micro_batch_size  # whole gradients kept between micro-batches
     sharded = (-(-params // dp), -(-params // dp), -(-2 * params // dp))

@@ -43,13 +43,16 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
         )
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
-        layout = "FSDP shards" if plan.strategy == "fsdp" and plan.data_parallel_size > 1 else "DDP replica"
-        lines.append(f"critic rank ({layout}, {where}), per device (GiB)")
+        staged = plan.pipeline_parallel_size > 1  # the value model cut into the actor's stages
+        sharded = plan.strategy == "fsdp" and (plan.data_parallel_size > 1 or staged)
+        layout = "FSDP shards" if sharded else "DDP replica"
+        stage = f", its fullest of {plan.pipeline_parallel_size} stages" if staged else ""
+        lines.append(f"critic rank ({layout}{stage}, {where}), per device (GiB)")
         rows = (
             "params",
             "grads",
             "optimizer_state",
-            *(("fsdp_gathered",) if layout == "FSDP shards" else ()),
+            *(("fsdp_gathered",) if sharded else ()),
             "activations",
         )
         for row in rows:
