@@ -43,10 +43,10 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
         )
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
-        staged = plan.pipeline_parallel_size > 1  # the value model cut into the actor's stages
-        sharded = plan.strategy == "fsdp" and (plan.data_parallel_size > 1 or staged)
+        cut = plan.pipeline_parallel_size > 1  # the value model cut into the actor's stages
+        sharded = plan.strategy == "fsdp" and (plan.data_parallel_size > 1 or cut)
         layout = "FSDP shards" if sharded else "DDP replica"
-        stage = f", its fullest of {plan.pipeline_parallel_size} stages" if staged else ""
+        stage = f", its fullest of {plan.pipeline_parallel_size} stages" if cut else ""
         lines.append(f"critic rank ({layout}{stage}, {where}), per device (GiB)")
         rows = (
             "params",
