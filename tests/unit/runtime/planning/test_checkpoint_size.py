@@ -115,3 +115,21 @@ def test_the_driver_estimates_a_save_from_the_bytes_and_the_rate_it_measures(pol
     estimate = estimate_checkpoint_save(cfg, policy_dir, tmp_path)
     assert estimate is not None and 0 < estimate < 60
     assert estimate_checkpoint_save(cfg, tmp_path / "nowhere", tmp_path) is None  # no config.json: no figure
+
+
+def test_rldock_plan_prints_the_checkpoint_and_its_save_at_the_write_rate_given(policy_dir, tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from rldock.runtime.cli import main
+
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(_cfg(policy_dir, algorithm="ppo", freeze_embeddings=False).model_dump()))
+    assert main(["plan", str(config), "--json", "--write-rate", "1MiB"]) == 0
+    printed = json.loads(capsys.readouterr().out)["checkpoint"]
+    size = checkpoint_bytes(
+        _cfg(policy_dir, algorithm="ppo", freeze_embeddings=False), load_shape(preset=None, model_path=str(policy_dir))
+    )
+    assert printed["total"] == size.total and printed["write_rate"] == 1024**2
+    assert printed["save_s"] == save_seconds(size, write_rate=1024**2)

@@ -35,6 +35,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b, qwen3-30b-a3b, "
         "deepseek-r1-671b",
     )
+    plan.add_argument(
+        "--write-rate",
+        type=parse_memory,
+        default=parse_memory("0.5GiB"),
+        metavar="SIZE",
+        help="what the checkpoint folder's storage writes a second, for the estimate of a checkpoint's save "
+        "(default 0.5GiB; a job measures its own at the start)",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
     plan.set_defaults(run=run_plan)
 
@@ -42,6 +50,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     """Exit 0 when the job fits (or no device memory is known), 3 when it cannot."""
     from rldock.runtime.planning import check_fit, load_shape, plan_memory
+    from rldock.runtime.planning.checkpoint_size import SaveEstimate, checkpoint_bytes
     from rldock.runtime.planning.report import plan_json, plan_table
 
     try:
@@ -56,5 +65,6 @@ def run_plan(args: argparse.Namespace) -> int:
         return 2
     plan = plan_memory(cfg, shape, device_memory=args.device_memory)
     verdict = None if plan.device_memory is None else check_fit(cfg, shape, device_memory=plan.device_memory)
-    print(json.dumps(plan_json(plan, verdict)) if args.json else plan_table(plan, verdict))
+    save = SaveEstimate(checkpoint_bytes(cfg, shape), write_rate=args.write_rate)
+    print(json.dumps(plan_json(plan, verdict, save)) if args.json else plan_table(plan, verdict, save))
     return 3 if verdict is not None and not verdict.fits else 0

@@ -64,3 +64,16 @@ def save_seconds(size: CheckpointBytes, *, write_rate: float) -> float:
     if write_rate <= 0:
         raise ValueError(f"write_rate must be positive, got {write_rate}")
     return SAVE_FIXED_S + SAVE_WORK_FACTOR * size.total / write_rate
+
+
+@dataclass(frozen=True)
+class SaveEstimate:
+    """A checkpoint's bytes and the seconds its save should take at a storage's write rate (`rldock plan
+    --write-rate`; the driver's own measure in a job)."""
+
+    size: CheckpointBytes
+    write_rate: float  # bytes a second
+
+    @property
+    def seconds(self) -> float:
+        return save_seconds(self.size, write_rate=self.write_rate)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
+from rldock.runtime.planning.checkpoint_size import SaveEstimate
 from rldock.runtime.planning.memory import GIB, MemoryPlan, PhaseBytes
 from rldock.runtime.planning.verdict import Verdict
 
 ROWS = [f.name for f in fields(PhaseBytes)]
 
 
-def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
+def plan_table(plan: MemoryPlan, verdict: Verdict | None, save: SaveEstimate | None = None) -> str:
     pp = f"PP {plan.pipeline_parallel_size} x " if plan.pipeline_parallel_size > 1 else ""
     cp = f"CP {plan.context_parallel_size} x " if plan.context_parallel_size > 1 else ""
     title = (
@@ -85,6 +86,14 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
             f"{r.paper_bytes / GIB:.2f} GiB; naive resharding here leaves {r.naive_bytes / GIB:.2f} GiB "
             f"(TW / {r.dense_split} + EW / {r.expert_split} per replica), allgather_swap 0"
         )
+    if save is not None:
+        size = save.size
+        critic = f", critic and its moments {size.critic / GIB:.2f}" if size.critic else ""
+        lines.append(
+            f"checkpoint {size.total / GIB:.2f} GiB (policy {size.policy / GIB:.2f}, AdamW's moments "
+            f"{size.optimizer / GIB:.2f}{critic}): saved in about {save.seconds:.0f} s at --write-rate "
+            f"{save.write_rate / GIB:.2f} GiB/s"
+        )
     if plan.device_memory is not None:
         lines.append(f"device memory {plan.device_memory / GIB:.2f} GiB")
     if verdict is not None:
@@ -92,7 +101,7 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
     return "\n".join(lines)
 
 
-def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
+def plan_json(plan: MemoryPlan, verdict: Verdict | None, save: SaveEstimate | None = None) -> dict:
     return {
         "model": plan.model,
         "num_params": plan.num_params,
@@ -119,6 +128,9 @@ def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
             "update": {**asdict(plan.critic.update), "device_total": plan.critic.update.device_total},
             "generation": {**asdict(plan.critic.generation), "device_total": plan.critic.generation.device_total},
         },
+        "checkpoint": None
+        if save is None
+        else {**asdict(save.size), "total": save.size.total, "write_rate": save.write_rate, "save_s": save.seconds},
         "fits": None if verdict is None else verdict.fits,
         "field": None if verdict is None else verdict.field,
         "message": None if verdict is None else verdict.message,
