@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("runs/checkpoint-save"))
     parser.add_argument("--iterations", type=int, default=6)
     args = parser.parse_args()
-    overrides = [f"iterations={args.iterations}", "checkpoint.interval=2", "evaluation.interval=0"]
+    # no held-out evaluation: its passes are not what is measured
+    overrides = [f"iterations={args.iterations}", "checkpoint.interval=2", "evaluation.interval=0", "data.val_files=[]"]
     run(args.config, args.output, overrides)
     cfg = load_job_config(args.config, overrides=dict(parse_override(o) for o in overrides))
     planned = checkpoint_bytes(cfg, load_shape(preset=None, model_path=cfg.model.path)).total
