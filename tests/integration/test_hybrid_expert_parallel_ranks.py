@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rldock.runtime.planning.dtypes import DTYPE_BYTES
+from rldock.runtime.planning.shapes import shape_from_hf_config
+from rldock.runtime.planning.training_state import training_state_bytes
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
@@ -63,6 +66,8 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
             "dense_mesh": tuple(dense.device_mesh.shape),
             "dense_placements": [type(p).__name__ for p in dense.placements],
             "ep_group": dist.get_process_group_ranks(backend.experts.sharding.group),
+            # the elements this rank holds of every parameter (a DTensor's local shard)
+            "held": sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in backend.model.parameters()),
         },
         Path(out_dir) / f"rank{rank}.pt",
     )
@@ -76,6 +81,11 @@ def test_hsdp_beside_ep_gives_one_process_s_logprobs_and_gradients(tmp_path):
     assert [r["dense_mesh"] for r in ranks] == [(REPLICAS, WORLD // REPLICAS)] * WORLD
     assert [r["dense_placements"] for r in ranks] == [["Replicate", "Shard"]] * WORLD
     assert [r["ep_group"] for r in ranks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    # The planner's training state, element for element: the experts over every replica's ranks, the rest
+    # over one replica's (it counted the experts over one replica's ranks too: twice what a rank holds).
+    cfg = _cfg()
+    planned, _, _ = training_state_bytes(cfg, shape_from_hf_config(_model().config.to_dict(), name="tiny-moe"))
+    assert [r["held"] for r in ranks] == [planned // DTYPE_BYTES[cfg.model.dtype]] * WORLD
 
     model, batch = _model(), whole_batch(WORLD)
     logprobs = token_logprobs(model, batch)

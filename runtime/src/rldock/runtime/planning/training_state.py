@@ -45,20 +45,27 @@ def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) ->
     its layers' weights (TP splits their linears, not the norms nor an MoE layer's router and experts:
     `layer_params_per_tp_rank`; an MoE model's dense layers apart), the vocabulary matrices it holds
     (planning/pipeline_stages.py) and, on the last stage, the final norm; FSDP divides all three by its
-    shard ranks."""
+    shard ranks. Beside EP under HSDP the routed experts are not replicated: an EP group splits them and FSDP
+    shards a rank's over its expert-data-parallel ranks, which span the replicas (resharding/parallel_mesh.py's
+    `edp`), so they divide by every replica's ranks, the other weights by one replica's."""
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     tp, stages = training.tensor_parallel_size, training.pipeline_parallel_size
     shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
     vocab = stage_vocab_params(shape, stage=stage, stages=stages)
-    layers = layers_params_per_tp_rank(shape, stage_layers(shape.num_layers, stage=stage, stages=stages), tp=tp)
+    run = stage_layers(shape.num_layers, stage=stage, stages=stages)
+    layers = layers_params_per_tp_rank(shape, run, tp=tp)
     params = vocab + layers + (shape.hidden_size if stage == stages - 1 else 0)
     trainable = params - (vocab if training.freeze_embeddings else 0)
-    return (
-        -(-params * param_bytes // shard),
-        -(-trainable * param_bytes // shard),
-        -(-2 * trainable * param_bytes // shard),
-    )
+    spanning = training.strategy == "fsdp" and training.expert_parallel_size > 1
+    experts = shape.moe_layers_in(run) * shape.expert_params if spanning else 0
+    expert_shard = shard * training.data_parallel_replicate_size
+
+    def per_rank(count: int, copies: int = 1) -> int:  # `copies`: AdamW's two moments
+        dense = -(-copies * (count - experts) * param_bytes // shard)
+        return dense + -(-copies * experts * param_bytes // expert_shard)
+
+    return per_rank(params), per_rank(trainable), per_rank(trainable, copies=2)
 
 
 def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
