@@ -94,9 +94,11 @@ def build_tiny_model(
     architecture: str = "qwen2",
     num_experts: int = 4,
     num_experts_per_tok: int = 2,
+    tie_word_embeddings: bool = True,
 ) -> Path:
     """Train a tokenizer on `texts`, initialise an `architecture` model (a key of
-    TINY_ARCHITECTURES) from `seed` and save both at `path`. `num_experts` and
+    TINY_ARCHITECTURES) from `seed` and save both at `path` (the LM head tied to the embedding, as in
+    SmolLM2, unless `tie_word_embeddings` is off). `num_experts` and
     `num_experts_per_tok` apply to the MoE architectures only (module docstring).
 
     Returns `path`. The weights are written as safetensors with `save_pretrained`, so
@@ -136,7 +138,7 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

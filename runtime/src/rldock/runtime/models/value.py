@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rldock.runtime.models.loading import load_causal_lm
-from rldock.runtime.models.pipeline_stage import StageParts
+from rldock.runtime.models.pipeline_stage import StageParts, cut_stage
 
 
 class ValueModel(nn.Module):
@@ -36,8 +36,14 @@ class ValueModel(nn.Module):
         return self.head(hidden).squeeze(-1).float()  # (B, L)
 
 
-def load_value_model(policy_dir: str | Path, *, dtype: str, device: torch.device | str) -> ValueModel:
-    """The causal LM at `policy_dir` without its LM head, plus a zero value head."""
-    lm = load_causal_lm(policy_dir, dtype=dtype, device=device)
+def load_value_model(
+    policy_dir: str | Path, *, dtype: str, device: torch.device | str, stage: tuple[int, int] | None = None
+) -> ValueModel:
+    """The causal LM at `policy_dir` without its LM head, plus a zero value head; under pipeline parallelism
+    (`stage`: (stage, stages)) only that stage's part, the body read as models/loading.py reads a stage and
+    the value head the last stage's alone."""
+    lm = load_causal_lm(policy_dir, dtype=dtype, device=device, stage=stage, head=False)
     model = ValueModel(lm.base_model, lm.config.hidden_size)
+    if stage is not None:
+        cut_stage(model, index=stage[0], size=stage[1])
     return model.to(device=device, dtype=lm.dtype)

@@ -1,12 +1,15 @@
 """Pipeline parallelism (`training.pipeline_parallel_size`): the decoder layers split into stages, one per
 pipeline rank, and the update's micro-batches run through them on a 1F1B schedule.
 
-The split (`split_stage`, before TP's plan and FSDP): a stage keeps its run of layers (`stage_layers`:
-as even as the count allows, the spare layers on the first stages, since the last holds the LM head) and
-drops the rest; the first keeps the embedding, the last the final norm and the head, and the stage
-boundaries become `StageInput` / `StageOutput` (models/pipeline_stage.py). The model stays a Hugging Face
-model running its own forward, so every pass (packed, padded, trimmed, under TP) runs on every stage
-unchanged; a stage's parameter names are its own (`model.layers.0` is its first layer), and
+The split (`split_stage`, before TP's plan and FSDP): a stage keeps its run of layers (`stage_layers`: as
+even as the count allows, the spare layers on the first stages, since the last holds the LM head) and drops
+the rest; the first keeps the embedding, the last the final norm and the head, and the stage boundaries
+become `StageInput` / `StageOutput` (models/pipeline_stage.py's `cut_stage`, which needs no group). A rank
+never holds the whole model: it knows its stage from its rank (`rank_stage`), and the workers load only that
+stage's weights (models/loading.py, the skeleton cut by the same `cut_stage` before a tensor is read), so
+`split_stage` finds the model cut and links its placeholders to the pipeline group. The model stays a
+Hugging Face model running its own forward, so every pass (packed, padded, trimmed, under TP) runs on every
+stage unchanged; a stage's parameter names are its own (`model.layers.0` is its first layer), and
 `StageNames` maps them to the whole model's. A model whose embedding and head share one tensor (tied,
 SmolLM2's) gets a copy on the last stage; the two stages sum their gradients (`sum_tied_gradients`), so
 both copies take the same steps.
@@ -28,53 +31,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rldock.contract.layout import stage_layer_counts
-from rldock.runtime.models.moe import routers
-from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links, stage_parts
+from rldock.runtime.models.pipeline_stage import (
+    StageInput,
+    StageLinks,
+    StageNames,
+    StageOutput,
+    cut_stage,
+    pipeline_links,
+    stage_parts,
+)
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
+
+if TYPE_CHECKING:
+    from rldock.config.training import TrainingSpec
 
 # micro-batch -> (its loss, its metrics): training/accumulation.py's MicroLoss
 MicroLoss = Callable[[Any], tuple[Tensor, dict[str, float]]]
-
-
-def stage_layers(num_layers: int, stages: int) -> list[range]:
-    """The layers of each stage: num_layers // stages each, one more on each of the first num_layers % stages."""
-    if not 1 <= stages <= num_layers:
-        raise ValueError(
-            f"training.pipeline_parallel_size {stages} must be between 1 and the model's {num_layers} layers"
-        )
-    bounds = [0]
-    for count in stage_layer_counts(num_layers, stages):
-        bounds.append(bounds[-1] + count)
-    return [range(start, stop) for start, stop in zip(bounds, bounds[1:])]
-
-
-class StageNames:
-    """A stage's parameter names and the whole model's: `{decoder}.layers.{i}` here is layer first + i there
-    (`decoder`: the model's decoder attribute, models/pipeline_stage.py's `StageParts`)."""
-
-    def __init__(self, layers: range, *, decoder: str = "model") -> None:
-        self.layers, self.decoder = layers, decoder
-        self._prefix = f"{decoder}.layers."
-
-    def whole(self, name: str) -> str:
-        if not name.startswith(self._prefix):
-            return name
-        index, rest = name[len(self._prefix) :].split(".", 1)
-        return f"{self._prefix}{self.layers.start + int(index)}.{rest}"
-
-    def local(self, name: str) -> str | None:
-        """The stage's name for the whole model's `name`, or None where another stage holds it."""
-        if not name.startswith(self._prefix):
-            return name
-        index, rest = name[len(self._prefix) :].split(".", 1)
-        return f"{self._prefix}{int(index) - self.layers.start}.{rest}" if int(index) in self.layers else None
 
 
 class PipelineStage:
@@ -181,66 +159,57 @@ class PipelineStage:
 def split_stage(
     model: nn.Module, mesh: ParallelMesh, *, dtype: torch.dtype, device: torch.device
 ) -> PipelineStage | None:
-    """Cut `model` (a Hugging Face causal LM) to this rank's stage of `mesh`'s `pp` dimension, in place
-    (module docstring); None at pp 1. Collective: every rank calls it (the tied stages' groups)."""
+    """Cut `model` (a Hugging Face causal LM, whole or already cut to this stage by the stage loader) to this
+    rank's stage of `mesh`'s `pp` dimension, in place (models/pipeline_stage.py's `cut_stage`), and link its
+    placeholders to the pipeline group (module docstring); None at pp 1. Collective: every rank calls it (the
+    tied stages' groups)."""
     size = mesh.size("pp")
     if size == 1:
         return None
-    parts = stage_parts(model)
-    decoder: Any = getattr(model, parts.decoder, None)
-    if not isinstance(getattr(decoder, "layers", None), nn.ModuleList) or not hasattr(model, parts.head):
-        raise ValueError(
-            f"training.pipeline_parallel_size: {type(model).__name__} is not a decoder with {parts.decoder}.layers "
-            f"and a head {parts.head} (Llama, Qwen2, Qwen3); use 1"
-        )
-    config: Any = decoder.config
-    if len(set(getattr(config, "layer_types", None) or ["full_attention"])) > 1:
-        raise ValueError(
-            "training.pipeline_parallel_size: the model mixes attention kinds by layer (layer_types), which a "
-            "stage's forward would index by its own layer numbers; use 1"
-        )
     index, group = mesh.local_rank("pp"), mesh.group("pp")
     assert group is not None
     ranks = dist.get_process_group_ranks(group)
-    layers = stage_layers(len(decoder.layers), size)[index]
-    # routing replay's grid numbers the whole model's routers (a dense layer has none)
-    routers_before = sum(len(routers(decoder.layers[i])) for i in range(layers.start))
+    cut = cut_stage(model, index=index, size=size)
+    parts = stage_parts(model)
     links = StageLinks(
         index=index,
         size=size,
         group=group,
         previous=ranks[index - 1] if index > 0 else None,
         next=ranks[index + 1] if index < size - 1 else None,
-        hidden_size=config.hidden_size,
+        hidden_size=getattr(model, parts.decoder).config.hidden_size,
         dtype=dtype,
         device=device,
-        first_router=routers_before,
-        num_routers=len(routers(model)),
+        first_router=cut.first_router,
+        num_routers=cut.num_routers,
     )
-    head: Any = getattr(model, parts.head)
-    tied_weights = head.weight is decoder.embed_tokens.weight
+    for module in model.modules():
+        if isinstance(module, StageInput | StageOutput):
+            module.links = links
     # Each (first, last) pair of a tied model sums its gradients; every rank makes every pair's group, in order.
     tied_group = None
-    if tied_weights:
+    if cut.tied:
         for pipeline in mesh.shape.rank_groups("pp"):
             pair = dist.new_group([pipeline[0], pipeline[-1]])
             if dist.get_rank() in (pipeline[0], pipeline[-1]):
                 tied_group = pair
     tied = None
-    if tied_weights and index == size - 1:
-        embedding = decoder.embed_tokens.weight  # frozen stays frozen (training.freeze_embeddings)
-        head.weight = nn.Parameter(embedding.detach().clone(), requires_grad=embedding.requires_grad)
+    if cut.tied and cut.last:
         tied = f"{parts.head}.weight"
-    elif tied_weights and index == 0:
+    elif cut.tied and index == 0:
         tied = f"{parts.decoder}.embed_tokens.weight"
-    decoder.layers = nn.ModuleList(decoder.layers[i] for i in layers)
-    if index > 0:
-        decoder.embed_tokens = StageInput(links)
-    if index < size - 1:
-        decoder.norm = StageOutput(links)
-        # asked for no logits or values (engines/policy.py, engines/values.py); the next stage scores
-        setattr(model, parts.head, nn.Identity())
-    return PipelineStage(links, StageNames(layers, decoder=parts.decoder), tied, tied_group)
+    return PipelineStage(links, StageNames(cut.layers, decoder=parts.decoder), tied, tied_group)
+
+
+def rank_stage(training: TrainingSpec, *, rank: int, world_size: int) -> tuple[int, int] | None:
+    """(stage, stages) of rank `rank` of a group of `world_size` laid out pp outermost (rldock.contract.layout:
+    stage s holds the s-th block of world_size / stages ranks), known before any group forms (the stage
+    loader's, models/loading.py); None at training.pipeline_parallel_size 1."""
+    stages = training.pipeline_parallel_size
+    if stages == 1:
+        return None
+    assert world_size % stages == 0, f"{world_size} ranks do not split into {stages} pipeline stages"
+    return rank // (world_size // stages), stages
 
 
 def run_one_forward_one_backward(

@@ -61,6 +61,7 @@ from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, Rollout
 from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.group import TrainingGroup
+from rldock.runtime.training.pipeline import rank_stage
 from rldock.runtime.training.policy_checkpoint import save_policy
 from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.training.policy_steps import policy_step, preference_step, staleness_metrics
@@ -96,8 +97,12 @@ class ActorWorker(TakesTurns):
         apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
+        # Under PP a rank reads only its stage's weights (join_group's split_stage links the cut stage).
         self.model: PreTrainedModel | PeftModel = load_causal_lm(
-            policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device
+            policy_dir,
+            dtype=cfg.model.dtype,
+            device=self.device.torch_device,
+            stage=rank_stage(cfg.training, rank=rank, world_size=world_size),
         )
         if cfg.training.freeze_embeddings:
             freeze_embeddings(self.model)

@@ -6,23 +6,23 @@ advantage stage wrote, with PPO's value clipping. Ray runs an actor's calls in s
 an iteration's inference is complete before its update starts.
 
 Its ranks mirror the actor's without TP (the job layout's stage sequence ranks: PP x DP x CP, one
-torch.distributed group of their own), and the critic trains through the same training backends as
-the actor (rldock.runtime.training), applied to the value model in `join_group`: the job's layout
-without TP (training/strategies.py's `data_parallel_strategy_of`: DDP replicas, or FSDP2 shards with
-training.fsdp_cpu_offload, training.mixed_precision, CP and pipeline stages; the value model is
-never TP-split, whatever training.tensor_parallel_size says of the policy). Under
-training.pipeline_parallel_size > 1 the value model is cut into the actor's stages (training/
-pipeline.py's `split_stage`, models/value.py's `stage_parts`), its inference streams through them and
-its update runs them on 1F1B, as the policy's do: a data-parallel rank's rows are read by its last
-stage's first rank, which alone holds the head and writes the values; the other stages' values and
-losses are zeros and their metrics the last stage's. The backend deals each stage's samples
-(inference as the layout's forward needs them, the update exactly this rank's token-balanced share),
-accumulates the micro-batches (`accumulate`; under FSDP their gradients are reduce-scattered once per
-step, `defer_gradient_sync`), steps, and gathers and reshards the checkpoint: the same `critic.pt`
-(the whole value model, every stage's layers under the whole model's names) and `critic_optimizer.pt`
-whichever layout wrote them, read whole by every rank on resume, each keeping its stage's part. A lone
-rank (one critic rank) joins no group and trains the bare model. training.gradient_checkpointing
-applies under every layout, as for the actor.
+torch.distributed group of their own), and the critic trains through the same training backends as the actor
+(rldock.runtime.training), applied to the value model in `join_group`: the job's layout without TP
+(training/strategies.py's `data_parallel_strategy_of`: DDP replicas, or FSDP2 shards with
+training.fsdp_cpu_offload, training.mixed_precision, CP and pipeline stages; the value model is never
+TP-split, whatever training.tensor_parallel_size says of the policy). Under training.pipeline_parallel_size
+> 1 each rank loads its stage of the value model alone and links it to the actor's other stages
+(training/pipeline.py's `split_stage`, models/value.py's `stage_parts`), its inference streams through them
+and its update runs them on 1F1B, as the policy's do: a data-parallel rank's rows are read by its last
+stage's first rank, which alone holds the head and writes the values; the other stages' values and losses
+are zeros and their metrics the last stage's. The backend deals each stage's samples (inference as the
+layout's forward needs them, the update exactly this rank's token-balanced share), accumulates the
+micro-batches (`accumulate`; under FSDP their gradients are reduce-scattered once per step,
+`defer_gradient_sync`), steps, and gathers and reshards the checkpoint: the same `critic.pt` (the whole
+value model, every stage's layers under the whole model's names) and `critic_optimizer.pt` whichever layout
+wrote them, read whole by every rank on resume, each keeping its stage's part. A lone rank (one critic rank)
+joins no group and trains the bare model. training.gradient_checkpointing applies under every layout, as for
+the actor.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend, load_full_weights
 from rldock.runtime.training.checksum import weights_sum
 from rldock.runtime.training.group import TrainingGroup
+from rldock.runtime.training.pipeline import rank_stage
 from rldock.runtime.training.value_step import value_step
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
@@ -64,7 +65,8 @@ class CriticWorker(TakesTurns):
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
-        self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        stage = rank_stage(cfg.training, rank=rank, world_size=world_size)  # its stage's weights alone under PP
+        self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device, stage=stage)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
         self.group = TrainingGroup(cfg, device=self.device, rank=rank, world_size=world_size)

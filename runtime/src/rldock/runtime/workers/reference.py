@@ -1,16 +1,17 @@
 """The reference worker state: frozen initial policy, writes the logprobs the KL term compares to.
 
-Its PP x DP x CP ranks (the job layout's stage sequence ranks) hold the frozen model, each whole at PP 1.
-At CP 1 and PP 1 each reads its own batches. Under context or pipeline parallelism
+Its PP x DP x CP ranks (the job layout's stage sequence ranks) hold the frozen model, each whole at PP 1. At
+CP 1 and PP 1 each reads its own batches. Under context or pipeline parallelism
 (`training.context_parallel_size` or `pipeline_parallel_size` > 1) the ranks form a process group of their
-own (`join_group`, a process beside each actor rank's, since a process holds one default group), laid out
-as the actor's ranks are without TP (pp outermost): the model is cut to the rank's pipeline stage as the
-actor's is (training/pipeline.py's `split_stage`, the passes streaming through the stages) and gets the CP
-mode's attention over its CP group (training/context_parallel.py's `ContextLayout`). A data-parallel rank's
-pp x cp ranks share its batches: the last stage's first rank reads each and broadcasts it, every rank
-computes its stage's layers over its 1/cp of each sequence, and the reader writes the logprobs back.
-What CP divides here: a no-grad pass keeps no activations between layers, but a layer's working set and the
-LM head's logits (positions x vocabulary) scale with the positions a rank computes; PP divides the weights.
+own (`join_group`, a process beside each actor rank's, since a process holds one default group), laid out as
+the actor's ranks are without TP (pp outermost): the model, loaded as the rank's pipeline stage alone, is
+linked to the others as the actor's is (training/pipeline.py's `split_stage`, the passes streaming through
+the stages) and gets the CP mode's attention over its CP group (training/context_parallel.py's
+`ContextLayout`). A data-parallel rank's pp x cp ranks share its batches: the last stage's first rank reads
+each and broadcasts it, every rank computes its stage's layers over its 1/cp of each sequence, and the
+reader writes the logprobs back. What CP divides here: a no-grad pass keeps no activations between layers,
+but a layer's working set and the LM head's logits (positions x vocabulary) scale with the positions a rank
+computes; PP divides the weights.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 from rldock.runtime.training.context_parallel import ContextLayout
 from rldock.runtime.training.group import TrainingGroup
-from rldock.runtime.training.pipeline import split_stage
+from rldock.runtime.training.pipeline import rank_stage, split_stage
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
 
@@ -44,7 +45,8 @@ class ReferenceWorker(TakesTurns):
         self.spec = recipe.spec(REFERENCE_INFERENCE.name)  # the dock columns it reads, as the job runs it
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"reference rank {rank}")
-        self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        stage = rank_stage(cfg.training, rank=rank, world_size=world_size)  # its stage's weights alone under PP
+        self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device, stage=stage)
         self.model.eval().requires_grad_(False)
         # Each rank reads for itself until `join_group` (CP > 1) gives it a CP group.
         self.context = ContextLayout.alone(rank=rank, world_size=world_size)
