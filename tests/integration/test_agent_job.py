@@ -89,7 +89,7 @@ def test_the_gap_is_measured_on_the_episodes_model_tokens(job):
 
 def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_scored(job):
     from rldock.config import JobConfig
-    from rldock.runtime.agent.parsers import HermesParser
+    from rldock.runtime.chat.parsers import HermesParser
     from rldock.runtime.data import columns_of, load_rows
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.policy import response_attention, response_logprobs_and_entropy

@@ -159,11 +159,25 @@ RUNTIME_ROOMS = {
         "rldock.runtime.rollout",
         "rldock.runtime.driver",
     ),
+    # The conversation's formats (chat rendering, tool-call parsers, cut turns) sit under the data, the agent
+    # loop and the gateway, which all read them: none of those above it.
+    "rldock.runtime.chat": ("rldock.runtime.agent", "rldock.runtime.data", "rldock.runtime.gateway"),
     # The worker side never reaches into the driver process: the driver starts workers and reads
     # their results, never the other way round.
     **{
         f"rldock.runtime.{side}": ("rldock.runtime.driver",)
-        for side in ("workers", "engines", "training", "rollout", "dock", "agent", "gateway", "models", "resharding")
+        for side in (
+            "workers",
+            "engines",
+            "training",
+            "rollout",
+            "dock",
+            "agent",
+            "chat",
+            "gateway",
+            "models",
+            "resharding",
+        )
     },
 }
 

@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from rldock.config.agent import AgentSpec
     from rldock.config.rollout import RolloutSpec
-    from rldock.runtime.agent.conversation import ChatRenderer
     from rldock.runtime.agent.episode_loop import AgentLoop
     from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
-    from rldock.runtime.agent.parsers import HermesParser
+    from rldock.runtime.chat.conversation import ChatRenderer
+    from rldock.runtime.chat.parsers import HermesParser
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.gateway.episodes import GatewayEpisodes

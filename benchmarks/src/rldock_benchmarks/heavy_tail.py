@@ -170,9 +170,9 @@ def heavy_tail_loop(model_dir: Path, *, step_seconds: float, steps: int, device:
     environment, and 64 prompts for it."""
     from rldock.config.agent import AgentSpec
     from rldock.config.rollout import RolloutSpec
-    from rldock.runtime.agent.conversation import ChatRenderer
     from rldock.runtime.agent.episode_loop import AgentLoop
-    from rldock.runtime.agent.parsers import HermesParser
+    from rldock.runtime.chat.conversation import ChatRenderer
+    from rldock.runtime.chat.parsers import HermesParser
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.models.loading import load_tokenizer

@@ -1,7 +1,7 @@
 """A test double of the rollout engine for the gateway's tests (tests/README: the real vLLM engine serves
 the gateway in tests/integration/test_harness_job.py): it answers request `r` of sample `k` with
 `script[k][r-1]` (text; EOS appended unless it ends in '…'), one request per step, and counts what it was
-asked. A resumed request (key `(k, r, done)`: a turn cut after `done` tokens, agent/cut_turns.py) gets that
+asked. A resumed request (key `(k, r, done)`: a turn cut after `done` tokens, chat/cut_turns.py) gets that
 turn's tokens after the first `done`; every logprob is -(`version` + 1), so a logprob says which weights
 sampled its token."""
 

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from rldock.config.agent import AgentSpec
-from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import CHARS_PER_TOKEN, AgentLoop
 from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.interfaces import (
@@ -32,8 +31,9 @@ from rldock.runtime.agent.interfaces import (
     Tool,
     ToolResult,
 )
-from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
+from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.parsers import HermesParser
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer

@@ -10,8 +10,8 @@ from rldock.config.agent import BUILTIN_TOOLS, AgentSpec
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
 from rldock.runtime.agent.builders import AgentConfigError, build_environment, build_parser, build_tools
 from rldock.runtime.agent.environments import FeedbackEnvironment
-from rldock.runtime.agent.interfaces import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS
-from rldock.runtime.agent.parsers import REASONING_PARSERS, HermesParser
+from rldock.runtime.agent.interfaces import ENVIRONMENTS, TOOLS
+from rldock.runtime.chat.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, HermesParser
 from rldock.runtime.user_code import load_file
 
 USER_FILE = textwrap.dedent("""

@@ -1,4 +1,4 @@
-"""Filling a rendered conversation with its messages' tokens (agent/conversation.py, `ChatRenderer._fill`):
+"""Filling a rendered conversation with its messages' tokens (chat/conversation.py, `ChatRenderer._fill`):
 linear in the conversation (issue 64: cutting the rest of the text at each message's slot was quadratic, a
 many-message request took the gateway's loop for seconds), the same ids as tokenizing each piece on its own,
 and a message's text kept plain text when threads encode with one tokenizer at once."""
@@ -9,7 +9,7 @@ import string
 import threading
 import time
 
-from rldock.runtime.agent.conversation import _SLOT, ChatRenderer, markup_ids, plain_ids
+from rldock.runtime.chat.conversation import _SLOT, ChatRenderer, markup_ids, plain_ids
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, EOS, train_char_tokenizer
 
 

@@ -3,14 +3,16 @@ order, each wrong call a message for the model, the text without its calls as th
 
 import pytest
 
-from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
-from rldock.runtime.agent.parsers import (
+from rldock.runtime.chat.parsers import (
     REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
     HermesParser,
     Llama3JsonParser,
     NoReasoning,
+    ParsedTurn,
     Qwen3CoderParser,
     ThinkReasoning,
+    ToolCall,
 )
 
 

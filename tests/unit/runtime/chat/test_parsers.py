@@ -2,8 +2,7 @@
 
 import pytest
 
-from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
-from rldock.runtime.agent.parsers import HermesParser
+from rldock.runtime.chat.parsers import TOOL_CALL_PARSERS, HermesParser, ParsedTurn, ToolCall
 
 
 def parse(text: str) -> ParsedTurn:

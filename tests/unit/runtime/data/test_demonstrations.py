@@ -13,7 +13,7 @@ import pytest
 from rldock.config.agent import SandboxSpec
 from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.runtime.agent.interfaces import ToolResult
-from rldock.runtime.agent.parsers import HermesParser
+from rldock.runtime.chat.parsers import HermesParser
 from rldock.runtime.data import Columns, columns_of, load_rows, prepare_data_files, val_columns
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.data.demonstrations import tool_call_text, tool_demonstration

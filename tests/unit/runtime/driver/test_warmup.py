@@ -10,7 +10,7 @@ import yaml
 
 from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.config.job import WarmupSpec
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, Row, columns_of, load_rows, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.driver.warmup import (

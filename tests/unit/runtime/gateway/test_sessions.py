@@ -12,7 +12,7 @@ import string
 
 import pytest
 
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.gateway.sessions import (
     START,
     Session,

@@ -13,10 +13,10 @@ from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 from rldock.config.agent import AgentSpec
-from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation
-from rldock.runtime.agent.parsers import HermesParser
+from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.parsers import HermesParser
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 

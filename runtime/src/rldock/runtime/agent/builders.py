@@ -17,18 +17,17 @@ from typing import TypeVar, cast
 from rldock.config import JobConfig
 from rldock.config.agent import BUILTIN_TOOLS, AgentSpec
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
-from rldock.runtime.agent import environments, parsers, tools  # noqa: F401  (register the built-ins)
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent import environments, tools  # noqa: F401  (register the built-ins)
 from rldock.runtime.agent.interfaces import (
     ENVIRONMENTS,
-    TOOL_CALL_PARSERS,
     TOOLS,
     Environment,
     Tool,
-    ToolCallParser,
 )
 from rldock.runtime.agent.service.env_client import OpenEnvEnvironment
 from rldock.runtime.agent.tools import PythonTool
+from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.parsers import TOOL_CALL_PARSERS, ToolCallParser
 from rldock.runtime.registry import Registry
 from rldock.runtime.user_code import load_object
 

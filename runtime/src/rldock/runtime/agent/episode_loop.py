@@ -40,7 +40,7 @@ its session place (Environment.max_sessions) across the update, so a round ends 
 waiting for a place are all that is left: they start in the next round, when places come free. No episode is cut
 short or dropped: each one's tokens keep the policy version that sampled them and their logprob then
 (`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads. The cut and the
-resume are agent/cut_turns.py's, which a harness's turns through the gateway run too.
+resume are chat/cut_turns.py's, which a harness's turns through the gateway run too.
 
 Carried rollouts (rollout/carry.py): a round may also end on a condition of the caller's (`advance`'s
 `until`, checked as episodes end): from then no further turn is submitted, the turns being sampled run to
@@ -61,8 +61,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rldock.config.agent import AgentSpec
-from rldock.runtime.agent.conversation import ChatRenderer, plain_ids
-from rldock.runtime.agent.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.agent.interfaces import (
     REWARD_LIMIT,
     Environment,
@@ -71,12 +69,13 @@ from rldock.runtime.agent.interfaces import (
     EnvironmentUnavailable,
     EpisodeContext,
     Observation,
-    ParsedTurn,
     SessionFailed,
     Tool,
-    ToolCallParser,
     ToolResult,
 )
+from rldock.runtime.chat.conversation import ChatRenderer, plain_ids
+from rldock.runtime.chat.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
+from rldock.runtime.chat.parsers import ParsedTurn, ToolCallParser
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine, mixed_seed
 
 logger = logging.getLogger(__name__)

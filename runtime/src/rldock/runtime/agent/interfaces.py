@@ -1,6 +1,7 @@
-"""The interfaces of agentic rollouts: a tool the policy calls, an environment whose sessions answer it
-between turns, and a parser that finds tool calls in a generation. Each is a registry (names in the job
-config's `agent` section); a user's own class loads as `path/to/file.py:Class` or `module:Class`.
+"""The interfaces of agentic rollouts: a tool the policy calls and an environment whose sessions answer it
+between turns (the parser that finds tool calls in a generation is chat/parsers.py's `ToolCallParser`).
+Each is a registry (names in the job config's `agent` section); a user's own class loads as
+`path/to/file.py:Class` or `module:Class`.
 
 A tool's `call` and a session's `reset`, `step` and `close` are coroutines: the rollout loop runs them
 on an event loop of its own while the engine keeps generating for the other samples (agent/episode_loop.py),
@@ -164,37 +165,7 @@ class Environment(ABC):
         return  # most environments hold nothing
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ParsedTurn:
-    """A generation's tool calls in order, and the calls it tried to write but got wrong (a message for
-    each, which the model is told as a tool error)."""
-
-    calls: tuple[ToolCall, ...] = ()
-    malformed: tuple[str, ...] = ()
-
-    @property
-    def wants_tools(self) -> bool:
-        return bool(self.calls or self.malformed)
-
-
-class ToolCallParser(ABC):
-    @abstractmethod
-    def parse(self, text: str) -> ParsedTurn:
-        """The tool calls in one decoded generation (special tokens kept)."""
-
-    def content(self, text: str) -> str:
-        """The generation's text without its calls: what an OpenAI-shaped answer's `content` says."""
-        return text
-
-
 # name -> the built-in class (a user's class is loaded from its reference instead, agent/builders.py);
 # instances are made with `from_config`.
 TOOLS: Registry[type[Tool]] = Registry("tool", field="agent.tools[].name")
 ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", field="agent.environment.name")
-TOOL_CALL_PARSERS: Registry[type[ToolCallParser]] = Registry("tool call format", field="agent.tool_call_format")

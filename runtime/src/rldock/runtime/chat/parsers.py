@@ -11,10 +11,44 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall, ToolCallParser
 from rldock.runtime.registry import Registry
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """A generation's tool calls in order, and the calls it tried to write but got wrong (a message for
+    each, which the model is told as a tool error)."""
+
+    calls: tuple[ToolCall, ...] = ()
+    malformed: tuple[str, ...] = ()
+
+    @property
+    def wants_tools(self) -> bool:
+        return bool(self.calls or self.malformed)
+
+
+class ToolCallParser(ABC):
+    @abstractmethod
+    def parse(self, text: str) -> ParsedTurn:
+        """The tool calls in one decoded generation (special tokens kept)."""
+
+    def content(self, text: str) -> str:
+        """The generation's text without its calls: what an OpenAI-shaped answer's `content` says."""
+        return text
+
+
+# name -> the built-in class; a user's own parser loads from its reference (agent/builders.py).
+TOOL_CALL_PARSERS: Registry[type[ToolCallParser]] = Registry("tool call format", field="agent.tool_call_format")
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 HERMES_EXAMPLE = '<tool_call>{"name": "...", "arguments": {...}}</tool_call>'

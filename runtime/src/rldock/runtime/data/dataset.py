@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from rldock.config.data import DataSpec
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
 from rldock.runtime.data.rows import Example, PreferencePair, Row
 

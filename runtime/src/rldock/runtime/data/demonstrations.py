@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from rldock.runtime.agent.parsers import CLOSE, OPEN
+from rldock.runtime.chat.parsers import CLOSE, OPEN
 
 DemonstrationTool = Literal["python", "calculator"]
 # The roles a demonstration's messages may have (the prompt holds any system message).

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import jinja2
 
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data.rows import RawPrompt
 
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 from rldock.config import JobConfig
 from rldock.contract.layout import JobLayout
 from rldock.runtime.agent.builders import job_conversation
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.checkpoint import measure_write_rate
 from rldock.runtime.data import (
     DataFiles,

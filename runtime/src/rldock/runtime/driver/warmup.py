@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from rldock.config.job import WarmupSpec
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, PromptSampler
 from rldock.runtime.engines.policy import micro_batch_rows, packing_prompts, response_logprobs
 from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts

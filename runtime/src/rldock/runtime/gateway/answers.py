@@ -13,8 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rldock.runtime.agent.interfaces import ToolCallParser
-from rldock.runtime.agent.parsers import ReasoningParser
+from rldock.runtime.chat.parsers import ReasoningParser, ToolCallParser
 
 
 class RequestError(ValueError):

@@ -28,9 +28,9 @@ from rldock.config import JobConfig
 from rldock.contract.agent_pods import GATEWAY_PORT
 from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
 from rldock.runtime.agent.builders import build_parser
-from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.cut_turns import RoundBudget, logprobs_of
-from rldock.runtime.agent.parsers import REASONING_PARSERS
+from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.cut_turns import RoundBudget, logprobs_of
+from rldock.runtime.chat.parsers import REASONING_PARSERS
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import Shaper
 from rldock.runtime.gateway.dispatch import EpisodeDispatcher

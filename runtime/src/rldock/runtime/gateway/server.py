@@ -38,7 +38,7 @@ What one request may cost (a harness is not trusted to be kind; docs/agentic.md,
   `BODY_TIMEOUT_S` (connections.py).
 
 Rounds (rollout.partial_rollout resume): the engine may be pumped in rounds with a weight update between
-them (`EngineTurns.pump` with a `RoundBudget`, agent/cut_turns.py). In a round with a token budget an episode
+them (`EngineTurns.pump` with a `RoundBudget`, chat/cut_turns.py). In a round with a token budget an episode
 samples at most that many tokens; the turn being sampled when it reaches them is cut there, kept with each
 token's version and logprob, and its rest is sampled from those tokens in the next round on the new
 weights. Its HTTP request stays open meanwhile and gets one answer, the whole turn: a harness never sees a
@@ -73,9 +73,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
+from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import (
     ChatRequest,
@@ -206,7 +206,7 @@ class EngineTurns:
         budget: RoundBudget | None = None,
     ) -> tuple[bool, float]:
         """Serve the turns of the episodes of sample `keys` until every one has ended, or, in a round with a
-        token budget (`budget`, agent/cut_turns.py), until every one still running has spent it: (whether every
+        token budget (`budget`, chat/cut_turns.py), until every one still running has spent it: (whether every
         one has ended, the seconds spent in engine steps). A turn the budget cut, and one asked with the
         budget spent, wait for the next pump of `keys`, which resumes the cut turn from its tokens. A turn
         whose asker went away (a cancelled request) is aborted in the engine, never left to run into the

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldock.runtime.agent.conversation import ChatRenderer, markup_ids
+from rldock.runtime.chat.conversation import ChatRenderer, markup_ids
 
 # Why a segment began.
 START = "start"  # the episode's first request

@@ -21,11 +21,11 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.builders import build_environment, build_parser, build_tools
-from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode, Rollout
 from rldock.runtime.agent.episode_metrics import Sums, episode_sums
 from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.agent.trajectory import final_turn_span, turn_columns
+from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT

@@ -19,7 +19,7 @@ With partial rollout (rollout.partial_rollout resume) the generation that runs a
 episodes' first round: each episode samples at most rollout.max_tokens_per_round tokens in it, the turn being
 sampled then cut and kept while its harness's request stays open; `finish`, after the update, resumes the cut
 turns from their tokens on the new weights and serves every turn to the episodes' ends (gateway/server.py,
-"Rounds": the native loop's cut and resume, agent/cut_turns.py). A batch with an episode left running is written
+"Rounds": the native loop's cut and resume, chat/cut_turns.py). A batch with an episode left running is written
 once all have ended, each row tagged with the version of the first round and each token with its own
 (`token_policy_version`), with its sampling logprob (`sampled_logprobs`), so the update's importance
 correction reads them as it reads the native loop's. Nothing is dropped and the second round starts no
