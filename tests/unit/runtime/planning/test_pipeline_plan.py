@@ -50,7 +50,7 @@ def job(**training):
 
 @pytest.mark.parametrize(("layers", "stages"), [(4, 1), (4, 2), (4, 4), (5, 2), (28, 8), (30, 4)])
 def test_the_planner_splits_the_layers_as_the_runtime_does(layers, stages):
-    from rldock.runtime.training.pipeline import stage_layers
+    from rldock.runtime.models.pipeline_stage import stage_layers
 
     assert stage_layer_counts(layers, stages) == [len(run) for run in stage_layers(layers, stages)]
 
