@@ -197,6 +197,7 @@ class CriticBytes:
     update: PhaseBytes
     generation: PhaseBytes
     beside_actor: bool
+    sharded: bool = False  # under FSDP (critic_is_sharded), else a whole replica
 
     @property
     def peak(self) -> int:
@@ -313,6 +314,7 @@ def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside:
         update=PhaseBytes(*update, fsdp_gathered=gathered, activations=activations, host=host),
         generation=PhaseBytes(*after, host=host),
         beside_actor=beside,
+        sharded=True,
     )
 
 

@@ -45,7 +45,7 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None, save: SaveEstimate | N
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
         cut = plan.pipeline_parallel_size > 1  # the value model cut into the actor's stages
-        sharded = plan.strategy == "fsdp" and (plan.data_parallel_size > 1 or cut)
+        sharded = plan.critic.sharded  # FSDP over DP x CP ranks or a stage's, as planning/memory.py planned it
         layout = "FSDP shards" if sharded else "DDP replica"
         stage = f", its fullest of {plan.pipeline_parallel_size} stages" if cut else ""
         lines.append(f"critic rank ({layout}{stage}, {where}), per device (GiB)")
