@@ -162,6 +162,9 @@ RUNTIME_ROOMS = {
     # The conversation's formats (chat rendering, tool-call parsers, cut turns) sit under the data, the agent
     # loop and the gateway, which all read them: none of those above it.
     "rldock.runtime.chat": ("rldock.runtime.agent", "rldock.runtime.data", "rldock.runtime.gateway"),
+    # The sandbox runs a program in a confined child and knows nothing of who calls it (the python tool, the
+    # python sandbox environment).
+    "rldock.runtime.sandbox": ("rldock.runtime.agent", "rldock.runtime.gateway", "rldock.runtime.rollout"),
     # The worker side never reaches into the driver process: the driver starts workers and reads
     # their results, never the other way round.
     **{
@@ -174,6 +177,7 @@ RUNTIME_ROOMS = {
             "dock",
             "agent",
             "chat",
+            "sandbox",
             "gateway",
             "models",
             "resharding",

@@ -25,12 +25,12 @@ from pathlib import Path
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
-from rldock.runtime.agent.sandbox import sandbox_layer_problems
 from rldock.runtime.agent.service.env_probe import environment_server_problems
 from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.prompt_lengths import prompt_set_problems
 from rldock.runtime.driver.tracking import wandb_credentials_problems
 from rldock.runtime.gateway.harness_runner import load_harness
+from rldock.runtime.sandbox.runner import sandbox_layer_problems
 from rldock.runtime.user_code import wrong_kind
 from rldock.runtime.workers.ray_devices import local_device_problems
 

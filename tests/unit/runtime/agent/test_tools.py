@@ -47,7 +47,7 @@ def test_python_returns_what_the_program_printed():
 def test_python_counts_the_sandbox_layers_a_call_ran_without(monkeypatch):
     # Landlock missing (a kernel before 5.13) and unshare refused (a restricted pod); the filter held.
     from rldock.runtime.agent import tools
-    from rldock.runtime.agent.sandbox import Layers, Outcome, SandboxResult
+    from rldock.runtime.sandbox.runner import Layers, Outcome, SandboxResult
 
     async def without_landlock(code, limits):
         return SandboxResult(

@@ -9,7 +9,7 @@ answers, made by the same code (tools.PythonTool): `message` the text the model 
 fields, `error` (the call failed: the program raised, exited nonzero or hit a limit) and `counts` (the
 tool's counters: {"sandbox/without_<layer>": 1} for each kernel layer the program ran without, and
 {"sandbox/<outcome>": 1} when the sandbox stopped it), with
-done true. The sandbox inside is the in-process one (agent/sandbox/): its kernel layers hold in this
+done true. The sandbox inside is the in-process one (sandbox/): its kernel layers hold in this
 server's process as they do in an actor.
 
 The server's own options are the most a call may ask for (`rldock env serve ...:PythonSandbox --option

@@ -1,4 +1,4 @@
-"""The built-in tools: `python` (runs a program in the sandbox, agent/sandbox/, in this process's
+"""The built-in tools: `python` (runs a program in the sandbox, sandbox/, in this process's
 machine or, with agent.sandbox.servers, in the python sandbox environment's servers) and `calculator`
 (evaluates an arithmetic expression). Importing this module registers them in agent.base.TOOLS."""
 
@@ -19,8 +19,8 @@ from rldock.runtime.agent.interfaces import (
     Tool,
     ToolResult,
 )
-from rldock.runtime.agent.sandbox import Outcome, require_layers, run_python
 from rldock.runtime.agent.service.env_client import OpenEnvEnvironment, describe
+from rldock.runtime.sandbox.runner import Outcome, require_layers, run_python
 
 
 def _string_parameter(name: str, description: str) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
 from rldock.contract.failure import FailureReason, format_failure
 from rldock.contract.progress import headline_key
-from rldock.runtime.agent.sandbox import describe_layers, machine_layers, uses_local_sandbox
 from rldock.runtime.cli.arguments import config_argument, overrides_argument, refuse
 from rldock.runtime.preflight import failure_of, preflight
+from rldock.runtime.sandbox.runner import describe_layers, machine_layers, uses_local_sandbox
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

@@ -34,7 +34,7 @@ _NAMESPACE_FLAGS = 0x00020000 | 0x10000000 | 0x40000000 | 0x20000000 | 0x0800000
 
 
 def _as_a_restricted_pod() -> None:
-    from rldock.runtime.agent.sandbox import kernel
+    from rldock.runtime.sandbox import kernel
 
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
@@ -101,7 +101,7 @@ def main() -> None:
     if mode == "restricted":
         _as_a_restricted_pod()
     from rldock.config.agent import SandboxSpec
-    from rldock.runtime.agent.sandbox import _required, _run_program
+    from rldock.runtime.sandbox.runner import _required, _run_program
 
     started: list[int] = []
     real_exec = asyncio.create_subprocess_exec

@@ -1,4 +1,4 @@
-"""The first code a sandboxed program's interpreter runs (sandbox/__init__.py starts it by path). Standard
+"""The first code a sandboxed program's interpreter runs (sandbox/runner.py starts it by path). Standard
 library only, and nothing runs on import: the interpreter runs with -I -S, has no site-packages of its own
 and cannot import rldock; it loads kernel.py and hook.py beside this file by their paths.
 

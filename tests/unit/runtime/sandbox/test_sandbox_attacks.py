@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from sandbox_attacks import ATTACK_LIMITS, ATTACKS, SHARED_NAME
 
-from rldock.runtime.agent.sandbox.boot import BOOT_FAILED_MESSAGE, LAYERS_MISSING_MESSAGE
+from rldock.runtime.sandbox.boot import BOOT_FAILED_MESSAGE, LAYERS_MISSING_MESSAGE
 
 CALLER = Path(__file__).with_name("sandbox_caller.py")
 # (how the caller runs, the hook or not, the kernel layers missing as on a machine without them)

@@ -20,16 +20,8 @@ import pytest
 from sandbox_attacks import USE_UP_THE_MEMORY
 
 from rldock.config.agent import SandboxSpec
-from rldock.runtime.agent.sandbox import (
-    Outcome,
-    SandboxResult,
-    _required,
-    _run,
-    _run_program,
-    boot,
-    kernel,
-    run_python,
-)
+from rldock.runtime.sandbox import boot, kernel
+from rldock.runtime.sandbox.runner import Outcome, SandboxResult, _required, _run, _run_program, run_python
 
 LIMITS = SandboxSpec(cpu_seconds=1, wall_seconds=3, memory_mib=256, max_output_chars=2000)
 
@@ -501,7 +493,7 @@ def test_the_syscall_filter_is_a_valid_program(machine):
 # ctypes, as native code in a program could; each line: the call, then its errno name or "allowed".
 _CROSSING_PROCESSES = """
 import ctypes, errno, os, sys
-from rldock.runtime.agent.sandbox import kernel
+from rldock.runtime.sandbox import kernel
 
 libc = ctypes.CDLL(None, use_errno=True)
 _, numbers = kernel.SYSCALLS[os.uname().machine]
@@ -588,19 +580,19 @@ def test_a_program_never_runs_without_a_layer_the_config_requires():
 
 
 def test_the_tool_start_and_validate_say_what_a_machine_lacks(monkeypatch, caplog):
-    from rldock.runtime.agent import sandbox
+    from rldock.runtime.sandbox import runner
 
-    no_landlock = sandbox.Layers(namespaces=(), landlock=0, seccomp=True, reported=True)
-    monkeypatch.setattr(sandbox, "machine_layers", lambda limits: no_landlock)
-    problem = sandbox.missing_layers_problem(no_landlock, SandboxSpec())
+    no_landlock = runner.Layers(namespaces=(), landlock=0, seccomp=True, reported=True)
+    monkeypatch.setattr(runner, "machine_layers", lambda limits: no_landlock)
+    problem = runner.missing_layers_problem(no_landlock, SandboxSpec())
     assert problem is not None and problem.startswith("agent.sandbox.allow_missing_layers: this machine lacks Landlock")
-    with pytest.raises(sandbox.SandboxLayersMissing, match=r"allow_missing_layers"):
-        sandbox.require_layers(SandboxSpec())
-    assert sandbox.require_layers(SandboxSpec(allow_missing_layers=["landlock"])) == no_landlock
-    assert sandbox.describe_layers(no_landlock) == "no Landlock; seccomp filter; no namespaces"
+    with pytest.raises(runner.SandboxLayersMissing, match=r"allow_missing_layers"):
+        runner.require_layers(SandboxSpec())
+    assert runner.require_layers(SandboxSpec(allow_missing_layers=["landlock"])) == no_landlock
+    assert runner.describe_layers(no_landlock) == "no Landlock; seccomp filter; no namespaces"
     # On this machine every layer holds.
     monkeypatch.undo()
-    assert sandbox.describe_layers(sandbox.machine_layers(SandboxSpec())) == (
+    assert runner.describe_layers(runner.machine_layers(SandboxSpec())) == (
         f"Landlock ABI {kernel.landlock_abi()}; seccomp filter; namespaces: user, mount, network, scratch_filesystem"
     )
 
@@ -624,12 +616,12 @@ def test_only_the_served_sandbox_s_admin_opts_into_a_missing_landlock(options, a
     """Issue 50: a served sandbox on a machine without Landlock refused every program, with no way to run
     with what remains. Its own option opts in, by name, as agent.sandbox.allow_missing_layers does; every
     call then runs with it (a client's limits cannot drop it), and without it every call is refused."""
-    from rldock.runtime.agent import sandbox
     from rldock.runtime.agent.interfaces import EpisodeContext
     from rldock.runtime.agent.sandbox_service import PythonSandbox
+    from rldock.runtime.sandbox import runner
 
-    no_landlock = sandbox.Layers(landlock=0, seccomp=True, namespaces=(), reported=True)
-    monkeypatch.setattr(sandbox, "machine_layers", lambda limits: no_landlock)
+    no_landlock = runner.Layers(landlock=0, seccomp=True, namespaces=(), reported=True)
+    monkeypatch.setattr(runner, "machine_layers", lambda limits: no_landlock)
     server = PythonSandbox(**options)
     assert server.ceiling.allow_missing_layers == allowed
     session = server.session()
@@ -637,10 +629,10 @@ def test_only_the_served_sandbox_s_admin_opts_into_a_missing_landlock(options, a
     asyncio.run(session.reset(seed=0, episode_id="e", context=context))
     assert session.tool.limits.allow_missing_layers == allowed  # the server's, through the client's limits
     if allowed:
-        assert sandbox.require_layers(session.tool.limits) == no_landlock
+        assert runner.require_layers(session.tool.limits) == no_landlock
     else:
-        with pytest.raises(sandbox.SandboxLayersMissing, match="allow_missing_layers"):
-            sandbox.require_layers(session.tool.limits)
+        with pytest.raises(runner.SandboxLayersMissing, match="allow_missing_layers"):
+            runner.require_layers(session.tool.limits)
 
 
 def test_a_served_sandbox_may_not_do_without_its_filter():
@@ -654,16 +646,16 @@ def test_the_watchdog_walks_off_the_event_loop(tmp_path, monkeypatch):
     # Issue 50: a walk of max_files entries took 93 ms on the loop every 20 ms poll, stalling every other
     # call of the rollout. Where no tmpfs caps the scratch directory (a restricted pod), each walk runs in
     # a worker thread, and a directory over the limit still stops the program.
-    from rldock.runtime.agent import sandbox
+    from rldock.runtime.sandbox import runner
 
     walked_on: list[threading.Thread] = []
-    real_within = sandbox._within
+    real_within = runner._within
 
     def recording_within(*args, **kwargs):
         walked_on.append(threading.current_thread())
         return real_within(*args, **kwargs)
 
-    monkeypatch.setattr(sandbox, "_within", recording_within)
+    monkeypatch.setattr(runner, "_within", recording_within)
     program = (
         "import os, time\n"
         f"for index in range(50):\n    open(os.path.join({str(tmp_path)!r}, str(index)), 'w').close()\n"
@@ -692,16 +684,16 @@ def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, ca
 
 
 def test_a_missing_layer_is_logged_once_per_process(monkeypatch, caplog):
-    from rldock.runtime.agent import sandbox
+    from rldock.runtime.sandbox import runner
 
     async def on_an_old_kernel(code, limits, *, audit_hook, required):
         assert audit_hook
         return SandboxResult(
-            "", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True, reported=True)
+            "", "", 0, Outcome.OK, "", runner.Layers(namespaces=("network",), seccomp=True, reported=True)
         )
 
-    monkeypatch.setattr(sandbox, "_run_program", on_an_old_kernel)
-    monkeypatch.setattr(sandbox, "_missing_logged", set())
+    monkeypatch.setattr(runner, "_run_program", on_an_old_kernel)
+    monkeypatch.setattr(runner, "_missing_logged", set())
     for _ in range(3):
         assert run("print(1)").layers.missing == ("landlock",)
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
@@ -722,7 +714,7 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
     import dis
     import types
 
-    from rldock.runtime.agent.sandbox import hook
+    from rldock.runtime.sandbox import hook
 
     helpers = [
         value for name, value in vars(hook).items() if name.startswith("_") and isinstance(value, types.FunctionType)
@@ -804,7 +796,7 @@ def test_an_event_the_hook_cannot_judge_ends_the_program(code):
 _REPORT_AT_64 = """
 import asyncio, os
 from rldock.config.agent import SandboxSpec
-from rldock.runtime.agent import sandbox
+from rldock.runtime.sandbox import runner
 
 real_pipe = os.pipe
 
@@ -816,7 +808,7 @@ def pipe_writing_at_64():  # the report's pipe, the first made; subprocess makes
     return read, 64
 
 os.pipe = pipe_writing_at_64
-result = asyncio.run(sandbox.run_python("print(1)", SandboxSpec()))
+result = asyncio.run(runner.run_python("print(1)", SandboxSpec()))
 print(result.outcome.value, result.layers.landlock > 0, result.layers.seccomp)
 """
 

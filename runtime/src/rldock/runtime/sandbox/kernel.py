@@ -9,7 +9,7 @@ program's interpreter; all survive that exec and bind everything the program doe
    user namespaces), with the scratch directory replaced by a tmpfs capped at the disk limit (bytes and
    files) and mounted noexec, which the kernel tears down with the namespace. Where unshare(2) is
    refused (the RuntimeDefault seccomp profile of a pod under the `restricted` Pod Security Standard),
-   none of this: the caller's disk watchdog caps the scratch directory instead (sandbox/__init__.py).
+   none of this: the caller's disk watchdog caps the scratch directory instead (sandbox/runner.py).
 3. `set_limits`: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE and, in a user
    namespace of its own, RLIMIT_NPROC (MAX_THREADS).
 4. `die_with_parent`: PR_SET_PDEATHSIG, so the program dies with its caller (whose process-group kill

@@ -1,5 +1,5 @@
-"""The `python` tool's sandbox: runs a program the model wrote in a fresh interpreter process, with
-limits, and says how it ended.
+"""The sandbox's runner: runs a program the model wrote (the `python` tool's) in a fresh interpreter process,
+with limits, and says how it ended.
 
 The program runs in a child process, never in the caller (a Ray worker whose crash or leaked state would
 cost the rollout): a fresh `python -I -S` started without a shell, in a session and process group of its
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from rldock.config import JobConfig, Problem
 from rldock.config.agent import SandboxSpec
-from rldock.runtime.agent.sandbox import boot
+from rldock.runtime.sandbox import boot
 
 logger = logging.getLogger(__name__)
 
