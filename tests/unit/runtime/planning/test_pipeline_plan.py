@@ -236,3 +236,17 @@ def test_a_critic_rank_holds_its_fullest_stage_s_value_model():
     assert critic.update.params == max(stages) * DTYPE_BYTES[cfg.model.dtype]
     whole = plan_critic(cfg, shape)
     assert whole is not None and critic.update.params < 0.6 * whole.update.params
+
+
+def test_a_critic_too_large_for_its_device_is_refused_naming_its_shards_and_stages():
+    """The refusal of a critic rank names what the planner divided it by: FSDP's shard ranks (DP x CP; it read
+    data_parallel_size alone) and, under PP, its stages."""
+    from rldock.runtime.planning.verdict import _critic_refusal
+
+    cfg = _one_rank_7b(name="ppo")
+    layout = {"strategy": "fsdp", "context_parallel_size": 2, "pipeline_parallel_size": 2}
+    staged = cfg.model_copy(update={"training": cfg.training.model_copy(update=layout)})
+    # the refusal check_fit gives when a critic rank alone exceeds its device
+    verdict = _critic_refusal(staged, PRESETS["qwen2.5-7b"], peak=200 * GIB, device_memory=8 * GIB)
+    assert not verdict.fits
+    assert "sharded over 2 FSDP ranks a stage, its fullest of 2 pipeline stages" in verdict.message, verdict.message

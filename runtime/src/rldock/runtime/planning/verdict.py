@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.parallel_problems import parallel_problems
-from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, engine_dtype, plan_critic, plan_memory
+from rldock.runtime.planning.memory import (
+    GIB,
+    MemoryPlan,
+    critic_is_sharded,
+    engine_dtype,
+    fsdp_shard_ranks,
+    plan_critic,
+    plan_memory,
+)
 from rldock.runtime.planning.shapes import ModelShape
 
 MAX_SEARCHED_DP = 4096
@@ -117,8 +125,10 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
 def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory: int) -> Verdict:
     """A PPO critic rank alone exceeds its device: only its micro-batch, the dtype or the device
     (or, under FSDP, more ranks to shard over) can change that."""
+    stages = cfg.training.pipeline_parallel_size
+    in_stages = f" a stage, its fullest of {stages} pipeline stages" if stages > 1 else ""
     layout = (
-        f"the value model with AdamW sharded over {cfg.training.data_parallel_size} FSDP ranks"
+        f"the value model with AdamW sharded over {fsdp_shard_ranks(cfg)} FSDP ranks{in_stages}"
         if critic_is_sharded(cfg)
         else "a full DDP replica of the value model with AdamW"
     )
