@@ -1,5 +1,5 @@
 """rldock trains against an environment written with openenv-core's own server classes: the tiny model's
-episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtime/agent/openenv_servers.py),
+episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtime/openenv_servers.py),
 each reset with its own seed, stepped with every turn, rewarded per step by the game, closed at the end,
 through `rldock train` and the dock, with an `environment` reward term. Then one short job against a
 hostile server (openenv_servers.hostile_server) whose sessions answer their steps wrongly in turn: the
@@ -22,10 +22,10 @@ pytestmark = pytest.mark.integration
 
 
 def _agent_test_helpers():
-    """tests/unit/runtime/agent/openenv_servers.py (the agent tests' servers), loaded by its path."""
+    """tests/unit/runtime/openenv_servers.py (the agent and env_server tests' servers), loaded by its path."""
     name = "openenv_servers"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "unit" / "runtime" / "agent" / f"{name}.py"
+        path = Path(__file__).resolve().parents[1] / "unit" / "runtime" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         sys.modules[name] = importlib.util.module_from_spec(spec)

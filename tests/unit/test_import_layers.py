@@ -165,25 +165,29 @@ RUNTIME_ROOMS = {
     # The sandbox runs a program in a confined child and knows nothing of who calls it (the python tool, the
     # python sandbox environment).
     "rldock.runtime.sandbox": ("rldock.runtime.agent", "rldock.runtime.gateway", "rldock.runtime.rollout"),
-    # The worker side never reaches into the driver process: the driver starts workers and reads
-    # their results, never the other way round.
-    **{
-        f"rldock.runtime.{side}": ("rldock.runtime.driver",)
-        for side in (
-            "workers",
-            "engines",
-            "training",
-            "rollout",
-            "dock",
-            "agent",
-            "chat",
-            "sandbox",
-            "gateway",
-            "models",
-            "resharding",
-        )
-    },
+    # The environment server serves an Environment of agent's interfaces to its clients (OpenEnv's protocol):
+    # it sits above agent/, which is its client and never imports it, and knows no rollout or gateway.
+    "rldock.runtime.agent": ("rldock.runtime.env_server",),
+    "rldock.runtime.env_server": ("rldock.runtime.rollout", "rldock.runtime.gateway", "rldock.runtime.dock"),
 }
+# The worker side never reaches into the driver process: the driver starts workers and reads their results,
+# never the other way round. Added to a room's own rule above, not in its place.
+for _side in (
+    "workers",
+    "engines",
+    "training",
+    "rollout",
+    "dock",
+    "agent",
+    "chat",
+    "sandbox",
+    "env_server",
+    "gateway",
+    "models",
+    "resharding",
+):
+    _room = f"rldock.runtime.{_side}"
+    RUNTIME_ROOMS[_room] = (*RUNTIME_ROOMS.get(_room, ()), "rldock.runtime.driver")
 
 
 @pytest.mark.parametrize("room", sorted(RUNTIME_ROOMS))

@@ -168,3 +168,18 @@ def test_no_two_modules_of_a_tree_share_a_file_name(tree):
         if path.name not in ("__init__.py", "__main__.py") and "__pycache__" not in path.parts:
             homes.setdefault(path.name, []).append(str(path.relative_to(REPO / tree)))
     assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
+
+
+# agent/ is the agent loop, its tools and environments and their client; what grew beside it (the chat
+# formats, the sandbox, the environment server) left for packages of their own (issue 65). 2,796 lines then.
+MAX_AGENT_LINES = 3_000
+
+
+def test_the_agent_package_stays_the_agent_loop_s_size():
+    agent = REPO / "runtime" / "src" / "rldock" / "runtime" / "agent"
+    lines = {
+        str(path.relative_to(agent)): len(path.read_text().splitlines())
+        for path in sorted(agent.rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+    assert sum(lines.values()) < MAX_AGENT_LINES, sorted(lines.items(), key=lambda item: -item[1])

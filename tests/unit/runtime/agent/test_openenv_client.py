@@ -29,9 +29,9 @@ from rldock.runtime.agent.service.listeners import held_by_session
 from rldock.runtime.agent.service.local import EnvironmentStartError, JobEnvironmentServers, LocalServers
 from rldock.runtime.agent.tools import PythonTool
 
-HERE = Path(__file__).resolve().parent
+DOUBLES = Path(__file__).resolve().parents[1] / "env_doubles.py"  # tests/unit/runtime/, shared with env_server/'s tests
 RLDOCK = [sys.executable, "-m", "rldock.runtime.cli"]
-COUNTING = f"{HERE / 'env_doubles.py'}:CountingEnvironment"
+COUNTING = f"{DOUBLES}:CountingEnvironment"
 ROW = EpisodeContext("42", "test", {"task": 7})
 
 
@@ -362,7 +362,7 @@ def test_local_servers_get_a_clean_environment_and_want_the_jobs_token(tmp_path,
     monkeypatch.setenv("HF_TOKEN", "the trainer's own")
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     servers = EnvironmentServersSpec(
-        command=serve_command(f"{HERE / 'env_doubles.py'}:VariablesEnvironment"), env={"JUDGE_MODEL": "small"}
+        command=serve_command(f"{DOUBLES}:VariablesEnvironment"), env={"JUDGE_MODEL": "small"}
     )
     local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
     try:

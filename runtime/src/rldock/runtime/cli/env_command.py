@@ -61,7 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Exit 2 for a class or option that cannot be served, else serve until stopped."""
     from rldock.runtime.agent.builders import AgentConfigError
     from rldock.runtime.agent.service.auth import TokenError, server_token
-    from rldock.runtime.agent.service.env_server import inherited, listen, load_environment, serve
+    from rldock.runtime.env_server.serve import inherited, listen, load_environment, serve
 
     options: dict[str, str] = {}
     for key, value in args.options:

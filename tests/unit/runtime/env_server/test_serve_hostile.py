@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rldock.runtime.agent.service import json_wire
 
-COUNTING = f"{Path(__file__).with_name('env_doubles.py')}:CountingEnvironment"
+COUNTING = f"{Path(__file__).resolve().parents[1] / 'env_doubles.py'}:CountingEnvironment"
 SANDBOX = "rldock.runtime.agent.sandbox_service:PythonSandbox"
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

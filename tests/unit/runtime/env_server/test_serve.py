@@ -33,10 +33,10 @@ from rldock.runtime import cli
 from rldock.runtime.agent.environments import WRONG
 from rldock.runtime.agent.interfaces import Observation
 from rldock.runtime.agent.sandbox_service import LIMIT_FIELDS, sandbox_limits
-from rldock.runtime.agent.service.env_server import wire_observation
 from rldock.runtime.agent.tools import PythonTool
+from rldock.runtime.env_server.serve import wire_observation
 
-COUNTING = f"{Path(__file__).with_name('env_doubles.py')}:CountingEnvironment"
+COUNTING = f"{Path(__file__).resolve().parents[1] / 'env_doubles.py'}:CountingEnvironment"
 SANDBOX = "rldock.runtime.agent.sandbox_service:PythonSandbox"
 
 

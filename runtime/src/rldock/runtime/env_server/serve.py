@@ -62,7 +62,7 @@ from rldock.config.agent_environment import EnvironmentSpec
 from rldock.runtime.agent.builders import AgentConfigError, build_environment
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.service import json_wire as wire
-from rldock.runtime.agent.service.guard import Guard
+from rldock.runtime.env_server.guard import Guard
 
 logger = logging.getLogger(__name__)
 

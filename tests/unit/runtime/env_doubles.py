@@ -1,5 +1,5 @@
-"""TEST DOUBLES: rldock environments that test_env_serve.py serves with `rldock env serve
-tests/unit/runtime/agent/env_doubles.py:CountingEnvironment`, in a process of their own.
+"""TEST DOUBLES: rldock environments that env_server/test_serve.py serves with `rldock env serve
+tests/unit/runtime/env_doubles.py:CountingEnvironment`, in a process of their own.
 
 CountingEnvironment keeps each episode's state (its seed, id and row, and the steps so far), so sessions
 that share it prove they are kept apart; it raises when asked to (a reset with ground truth "raise", a
