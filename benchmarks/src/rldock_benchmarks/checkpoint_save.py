@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("runs/checkpoint-save"))
     parser.add_argument("--iterations", type=int, default=6)
     args = parser.parse_args()
+    if args.output.exists():  # the job runner resumes a finished run there and appends to its log
+        parser.error(f"--output {args.output} exists: give a new folder (a rerun there would measure nothing new)")
     # no held-out evaluation: its passes are not what is measured
     overrides = [f"iterations={args.iterations}", "checkpoint.interval=2", "evaluation.interval=0", "data.val_files=[]"]
     run(args.config, args.output, overrides)
