@@ -43,7 +43,8 @@ def reward_rise(records: list[dict], window: int = 5) -> dict:
     }
 
 
-def run(config: str, output: Path, overrides: list[str]) -> dict:
+def train_command(config: str, output: Path, overrides: list[str]) -> list[str]:
+    """`rldock train` of `config` into `output` with progress lines (not the bar), resuming what is there."""
     command = [
         sys.executable,
         "-m",
@@ -57,6 +58,11 @@ def run(config: str, output: Path, overrides: list[str]) -> dict:
     ]
     for override in overrides:
         command += ["--set", override]
+    return command
+
+
+def run(config: str, output: Path, overrides: list[str]) -> dict:
+    command = train_command(config, output, overrides)
     output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with (output / "train.log").open("a") as log:  # keeps this script's stdout one JSON document
