@@ -11,7 +11,7 @@ data-parallel pair, each pair its own half of the rows), PP 2 x TP 2 (each stage
 pair), PP 2 x CP 2 under Ulysses and under ring attention (each stage's CP pair splits every sequence's
 positions, and a stage's CP rank hands its slice's activations to the next stage's) and PP 2 x EP 2 (the
 tiny Qwen3-MoE, one MoE layer a stage, its 8 experts split over the stage's data-parallel pair; the router's
-load-balancing loss off, as PP beside EP requires). The PP 4, PP 2 x TP 2, PP 2 x CP 2 (Ulysses) and MoE
+load-balancing loss is test_pipeline_router_loss_ranks.py's). The PP 4, PP 2 x TP 2, PP 2 x CP 2 (Ulysses) and MoE
 models tie the embedding to the head (SmolLM2's layout: the last stage's copy and the first stage's
 embedding sum their gradients) and PP 2 x FSDP 2's and the ring layout's do not. PP 2 x EP 2 again with
 routing replay: the stages' merged routing record of a no-gradient pass is one process's, and the update
@@ -61,7 +61,7 @@ LAYOUTS_PP = {
         "untied",
     ),
     "pp2_ep2": (
-        dict(data_parallel_size=2, pipeline_parallel_size=2, expert_parallel_size=2, router_aux_loss_coef=0),
+        dict(data_parallel_size=2, pipeline_parallel_size=2, expert_parallel_size=2),
         "moe",
     ),
 }

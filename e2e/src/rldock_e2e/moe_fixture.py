@@ -140,7 +140,7 @@ def scored_with_router_loss(model, batch, layout: str, *, replay: bool) -> dict:
     logprobs (4, 7), the loss (linear in the logprobs, plus ROUTER_COEF x the load-balancing loss) and that
     loss's value, after the backward; as the update's policy step records, replays and adds the router term."""
     from rldock.runtime.engines.policy import response_logprobs
-    from rldock.runtime.models.moe import RouterLoss
+    from rldock.runtime.models.router_loss import RouterLoss
     from rldock.runtime.models.routing_replay import pass_listeners, replaying_routes
 
     router = RouterLoss(model, coef=ROUTER_COEF)

@@ -120,9 +120,8 @@ def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_da
     assert job_layout(parse_job_config(cp)).num_actor_ranks == 4  # pp 2 x cp 2: each stage's CP pair
     ep = {**demo_data, "training": {**demo_data["training"], "tensor_parallel_size": 1, "expert_parallel_size": 2}}
     ep["training"]["data_parallel_size"] = 2
-    assert "needs training.router_aux_loss_coef: 0" in problem_messages(ep, "training.pipeline_parallel_size")[0]
-    ep["training"]["router_aux_loss_coef"] = 0
-    assert parse_job_config(ep).training.expert_parallel_size == 2  # PP 2 x EP 2 over each stage's DP pair
+    # PP 2 x EP 2 over each stage's DP pair, the router's load-balancing loss on (the model config's weight)
+    assert parse_job_config(ep).training.expert_parallel_size == 2
     ep["algorithm"] = {**ep["algorithm"], "routing_replay": "reference"}  # each stage replays its own layers
     assert parse_job_config(ep).algorithm.routing_replay == "reference"
     ppo = {**demo_data, "algorithm": {**demo_data["algorithm"], "name": "ppo"}}

@@ -1,5 +1,6 @@
 """Mixture-of-experts models: finding their routers, recording what the routers chose during a
-forward pass, the router's auxiliary load-balancing loss and the expert-load metrics.
+forward pass, the router's auxiliary load-balancing loss and the expert-load metrics (the update adds
+them through models/router_loss.py).
 
 A Hugging Face MoE decoder layer (Qwen3-MoE, Mixtral in transformers 5) holds a sparse block whose
 `gate` is a top-k router returning `(router_logits (T, E), top_k_weights (T, k), top_k_index (T, k))`
@@ -8,11 +9,15 @@ the forward: `RouterRecord` reads the routers' outputs through forward hooks (wi
 graph, so the auxiliary loss trains the routers) and the top-level model's attention mask through a
 pre-hook, so padding is counted out of the loss and the metrics.
 
-Under context parallelism (engines/ulysses.py) a CP rank's routers see its slice of the positions:
-the pass tells the record which of its tokens are real (`RouterRecord.begin_pass`, the cells routing
-replay reads too), and the loss's per-expert token counts and probabilities, and the token count,
-are summed over the CP group, so every rank computes the whole sequence's loss (its gradient is then
-the rank's own tokens' share, summed over CP with the rest, training/context_parallel.py).
+The loss is a product of two sums over every layer's real tokens (`balance_loss`), so what a part of
+the routing contributes is kept as the sums (`RouterTotals`: per-expert token counts and probability
+sums, and the rows counted), which add over the parts, and the product is taken last. Under context
+parallelism (engines/ulysses.py) a CP rank's routers see its slice of the positions: the pass tells
+the record which of its tokens are real (`RouterRecord.begin_pass`, the cells routing replay reads
+too), and the totals are summed over the CP group, so every rank computes the whole sequence's loss
+(its gradient is then the rank's own tokens' share, summed over CP with the rest,
+training/context_parallel.py). Under pipeline parallelism a stage's routers are a run of the whole
+model's, and the stages' totals are added along the pipeline (models/router_loss.py).
 
 The dispatch is dropless (every token reaches its k experts; Hugging Face's and vLLM's MoE have no
 expert capacity), so there is no dropped-token share to report.
@@ -29,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rldock.runtime.models.context_group import context_group, sum_over_group
+from rldock.runtime.models.context_group import sum_over_group
 
 if TYPE_CHECKING:
     from rldock.runtime.models.pass_cells import PassCells
@@ -186,52 +191,92 @@ def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
             handle.remove()
 
 
+@dataclass(frozen=True)
+class RouterTotals:
+    """What the load-balancing loss and the expert-load metrics need of a pass's routing, as sums: each adds
+    over layers, tokens, the CP ranks that hold slices of the same rows and the pipeline stages that hold
+    runs of the same layers, so a rank's or a stage's part plus the others' is the whole's (the loss's
+    product of two sums does not split that way, so it is taken from the totals last: `balance_loss`)."""
+
+    counts: Tensor  # (R, E) the real tokens' top-k assignments per router (the whole model's MoE layers) and expert
+    probs: Tensor  # (E,) the router's probability of each expert summed over the real tokens and the layers; with graph
+    rows: Tensor  # () the (layer, real token) pairs counted: Hugging Face's rows, every layer's tokens concatenated
+
+    def __add__(self, other: RouterTotals) -> RouterTotals:
+        return RouterTotals(self.counts + other.counts, self.probs + other.probs, self.rows + other.rows)
+
+    def flat(self) -> Tensor:
+        """One vector (R E + E + 1,): what a pipeline stage passes on with its activations."""
+        return torch.cat([self.counts.reshape(-1), self.probs, self.rows.reshape(1)])
+
+    @staticmethod
+    def from_flat(flat: Tensor, *, num_routers: int, num_experts: int) -> RouterTotals:
+        """Inverse of `flat` (views of `flat`: its gradient reaches the probabilities' slice)."""
+        size = num_routers * num_experts
+        counts = flat[:size].reshape(num_routers, num_experts)
+        return RouterTotals(counts, flat[size : size + num_experts], flat[size + num_experts])
+
+    def summed_over(self, group: dist.ProcessGroup | None) -> RouterTotals:
+        """Summed over the CP `group` (None: as they are): the counts carry no gradient; the probabilities'
+        sum gives each rank its own tokens' gradient (models/context_group.py)."""
+        if group is None:
+            return self
+        counts = torch.cat([self.counts.detach().reshape(-1), self.rows.detach().reshape(1)])
+        dist.all_reduce(counts, group=group)
+        return RouterTotals(counts[:-1].reshape(self.counts.shape), sum_over_group(self.probs, group), counts[-1])
+
+
+def totals_width(*, num_routers: int, num_experts: int) -> int:
+    """The length of `RouterTotals.flat()` for a model of `num_routers` routers over `num_experts` experts."""
+    return num_routers * num_experts + num_experts + 1
+
+
+def router_totals(
+    record: RouterRecord, *, num_experts: int, top_k: int, first_router: int = 0, num_routers: int | None = None
+) -> RouterTotals:
+    """The `RouterTotals` of the recorded real tokens: the record's layers are routers first_router,
+    first_router + 1, ... of the whole model's `num_routers` (a pipeline stage's run; default: the record's
+    own, the whole model). At least float32 (a bf16 router's logits upcast), a float64 model's in float64."""
+    dtype = torch.promote_types(record.logits[0][0].dtype, torch.float32)
+    mask = record.mask.to(record.logits[0][0].device, dtype)  # (T,)
+    layers = record.num_layers
+    counts = torch.zeros(num_routers or layers, num_experts, device=mask.device, dtype=dtype)
+    probs = torch.zeros(num_experts, device=mask.device, dtype=dtype)
+    for layer in range(layers):
+        chosen = record.layer_indices(layer).reshape(-1)  # (T k,)
+        counts[first_router + layer].scatter_add_(0, chosen, mask.repeat_interleave(top_k))
+        probs = probs + (torch.softmax(record.layer_logits(layer).to(dtype), dim=-1) * mask[:, None]).sum(dim=0)
+    return RouterTotals(counts, probs, mask.sum() * layers)
+
+
+def balance_loss(totals: RouterTotals) -> Tensor:
+    """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) as Hugging Face computes it for
+    Qwen3-MoE and Mixtral (`load_balancing_loss_func`, every layer's real tokens concatenated into one set
+    of rows): E * sum_e f_e * P_e, with f_e expert e's assignments per row and P_e its mean router
+    probability over the rows. f sums to k over the experts (each token counts k assignments), so the loss
+    is k when routing is uniform and E when every token goes to the same k experts with certainty.
+    Differentiable through the probabilities (the counts are the top-k's choice)."""
+    num_experts = totals.probs.shape[0]
+    rows = totals.rows.detach().clamp(min=1)
+    tokens_per_expert = totals.counts.detach().sum(dim=0)  # (E,)
+    return num_experts * torch.sum((tokens_per_expert / rows) * (totals.probs / rows))
+
+
 def load_balancing_loss(
     record: RouterRecord, *, num_experts: int, top_k: int, group: dist.ProcessGroup | None = None
 ) -> Tensor:
-    """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) as Hugging Face computes it
-    for Qwen3-MoE and Mixtral (`load_balancing_loss_func`), over the recorded real tokens of every
-    layer: E * sum_e f_e * P_e, with f_e expert e's assignments per token and P_e its mean
-    router probability. f sums to k over the experts (each token counts k assignments), so the loss is k
-    when routing is uniform and E when every token goes to the same k experts with certainty.
-    Differentiable through the router logits. `group`: the CP group whose ranks recorded slices of
-    the same sequences (module docstring), None for whole sequences."""
-    # at least float32 (a bf16 router's logits upcast), a float64 model's in float64
-    dtype = torch.promote_types(record.logits[0][0].dtype, torch.float32)
-    mask = record.mask.to(record.logits[0][0].device, dtype)  # (T,)
-    tokens_per_expert = torch.zeros(num_experts, device=mask.device, dtype=dtype)
-    prob_per_expert = torch.zeros(num_experts, device=mask.device, dtype=dtype)
-    for layer in range(record.num_layers):
-        probs = torch.softmax(record.layer_logits(layer).to(dtype), dim=-1)  # (T, E)
-        chosen = record.layer_indices(layer)  # (T, k)
-        tokens_per_expert = tokens_per_expert.scatter_add(0, chosen.reshape(-1), mask.repeat_interleave(top_k))
-        prob_per_expert = prob_per_expert + (probs * mask[:, None]).sum(dim=0)
-    real = mask.sum()
-    if group is not None:
-        # the counts carry no gradient; the probabilities' sum gives each rank its own tokens' gradient
-        counts = torch.cat([tokens_per_expert, real[None]])
-        dist.all_reduce(counts, group=group)
-        tokens_per_expert, real = counts[:-1], counts[-1]
-        prob_per_expert = sum_over_group(prob_per_expert, group)
-    rows = real.clamp(min=1) * record.num_layers
-    return num_experts * torch.sum((tokens_per_expert / rows) * (prob_per_expert / rows))
+    """`balance_loss` over the recorded real tokens of every layer, differentiable through the router
+    logits. `group`: the CP group whose ranks recorded slices of the same sequences (module docstring),
+    None for whole sequences."""
+    totals = router_totals(record, num_experts=num_experts, top_k=top_k)
+    return balance_loss(totals.summed_over(group))
 
 
-def expert_load(record: RouterRecord, *, num_experts: int, group: dist.ProcessGroup | None = None) -> Tensor:
-    """Each layer's share of the real tokens' top-k assignments per expert, (layers, E), rows summing to 1;
-    with `group` (CP) over the whole sequences of the group's slices."""
-    mask = record.mask.cpu()
-    counts = []
-    for layer in range(record.num_layers):
-        chosen = record.layer_indices(layer).detach().cpu()  # (T, k)
-        weights = mask[:, None].expand_as(chosen).reshape(-1)
-        counts.append(torch.zeros(num_experts).scatter_add(0, chosen.reshape(-1), weights))
-    load = torch.stack(counts)  # (layers, E)
-    if group is not None:
-        load = load.to(record.logits[0][0].device)
-        dist.all_reduce(load, group=group)
-        load = load.cpu()
-    return load / load.sum(dim=1, keepdim=True).clamp(min=1)
+def expert_load(totals: RouterTotals) -> Tensor:
+    """Each layer's share of the real tokens' top-k assignments per expert, (layers, E) on the host, rows
+    summing to 1 (a layer no token reached: zeros)."""
+    counts = totals.counts.detach().cpu()
+    return counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
 
 
 def expert_load_metrics(load: Tensor) -> dict[str, float]:
@@ -247,40 +292,3 @@ def expert_load_metrics(load: Tensor) -> dict[str, float]:
     for layer, row in enumerate(relative):
         metrics[f"moe/layer{layer}/expert_load_max"] = float(row.max())
     return metrics
-
-
-class RouterLoss:
-    """The update's router terms for one model: record a micro-batch's routing, add the weighted
-    auxiliary loss to its loss and report the load. `coef` None takes the model config's
-    router_aux_loss_coef. For a dense model every method leaves things as they are."""
-
-    def __init__(self, model: nn.Module, *, coef: float | None):
-        shape = moe_shape(getattr(model, "config", None))
-        self.shape = shape if shape is not None and is_moe(model) else None
-        self.coef = (coef if coef is not None else shape.router_aux_loss_coef) if shape is not None else 0.0
-        self.group = context_group(model)  # CP: the loss's statistics summed over the group
-
-    @contextmanager
-    def recording(self, module: nn.Module) -> Iterator[RouterRecord | None]:
-        if self.shape is None:
-            yield None
-            return
-        with record_routing(module) as record:
-            yield record
-
-    def add(
-        self, loss: Tensor, metrics: dict[str, float], record: RouterRecord | None, *, share: float
-    ) -> tuple[Tensor, dict[str, float]]:
-        """`loss` plus coef x the auxiliary loss x `share` (the micro-batch's part of the step, so the
-        step's sum is the mini-batch's mean); the metrics likewise weighted, as accumulate sums them."""
-        if self.shape is None or record is None or not record.logits:
-            return loss, metrics
-        experts = self.shape.num_experts
-        aux = load_balancing_loss(record, num_experts=experts, top_k=self.shape.top_k, group=self.group)
-        load = expert_load_metrics(expert_load(record, num_experts=experts, group=self.group))
-        metrics = dict(metrics)
-        metrics["moe/aux_loss"] = float(aux.detach()) * share
-        metrics |= {key: value * share for key, value in load.items()}
-        if self.coef:
-            loss = loss + self.coef * share * aux.to(loss.dtype)
-        return loss, metrics

@@ -18,6 +18,11 @@ Two ways activations move, one per kind of pass:
   (training/pipeline.py, 1F1B), which sends it together with the receive of a gradient, as one batch of
   point-to-point operations (Megatron's send_forward_recv_backward: posted one at a time, a send to the
   next stage and that stage's send back would each wait for the other's receive on HCCL and NCCL).
+
+A scheduled pass may carry a vector beside its activations (`StageLinks.carry_width`; an MoE's router
+totals, models/router_loss.py): each stage adds its part to what it received (`StageLinks.carry`) and
+passes the sum on, so the last stage holds the whole model's; the vector's gradient comes back with the
+activations' and reaches each stage's part.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class StageLinks:
     of the stages before and after it (None at the ends), and the activations' width and dtype. An MoE's
     routers are numbered over the whole model (routing replay's grid has a column per router): the stage's
     first is router `first_router` of `num_routers`. `inputs` and `outputs` keep a scheduled pass's
-    activations (in forward order) for its backward."""
+    activations (in forward order) for its backward, `carried_in` and `carried_out` the vector of
+    `carry_width` it carries beside them (module docstring; 0: none)."""
 
     index: int
     size: int
@@ -51,9 +57,12 @@ class StageLinks:
     device: torch.device
     first_router: int = 0
     num_routers: int = 0
+    carry_width: int = 0
     scheduled: bool = False
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
+    carried_in: list[Tensor] = field(default_factory=list)
+    carried_out: list[Tensor] = field(default_factory=list)
 
     @property
     def first(self) -> bool:
@@ -64,24 +73,55 @@ class StageLinks:
         """The last stage scores: it holds the final norm and the LM head."""
         return self.index == self.size - 1
 
+    @property
+    def carry_dtype(self) -> torch.dtype:
+        """The carried vector's: at least float32 (counts in bf16 would round above 256)."""
+        return torch.promote_types(self.dtype, torch.float32)
+
     def receive(self, tokens: torch.Size) -> Tensor:
-        """The previous stage's activations (*tokens, H) for this forward; a leaf that records its gradient
-        when the forward does."""
+        """The previous stage's activations (*tokens, H) for this forward (and, in a scheduled pass, the vector
+        it carries, kept in `carried_in`); leaves that record their gradient when the forward does."""
         assert self.previous is not None
         hidden = torch.empty((*tokens, self.hidden_size), dtype=self.dtype, device=self.device)
-        dist.recv(hidden, src=self.previous, group=self.group)
-        hidden.requires_grad_(torch.is_grad_enabled())
+        received = [hidden]
+        if self.scheduled and self.carry_width:
+            received.append(torch.empty(self.carry_width, dtype=self.carry_dtype, device=self.device))
+        for tensor in received:  # in the order the previous stage posted its sends
+            dist.recv(tensor, src=self.previous, group=self.group)
+            tensor.requires_grad_(torch.is_grad_enabled())
         if self.scheduled:
             self.inputs.append(hidden)
+            self.carried_in.extend(received[1:])
         return hidden
 
     def emit(self, hidden: Tensor) -> None:
-        """This stage's activations: kept for the schedule, or sent on at once (module docstring)."""
+        """This stage's activations: kept for the schedule (with zeros to carry until `carry` says otherwise), or
+        sent on at once (module docstring)."""
         if self.scheduled:
             self.outputs.append(hidden)
+            if self.carry_width:
+                self.carried_out.append(torch.zeros(self.carry_width, dtype=self.carry_dtype, device=self.device))
             return
         assert self.next is not None
         dist.send(hidden.detach().contiguous(), dst=self.next, group=self.group)
+
+    def carry(self, part: Tensor) -> Tensor:
+        """The vector the scheduled pass just run carries (`carry_width`,): this stage's `part` plus what the
+        earlier stages' passed on with its input, which a stage before the last passes on in turn. Returns the
+        sum, with its graph back to the received vector (whose gradient goes back to the earlier stages)."""
+        assert self.scheduled and part.shape == (self.carry_width,), "a stage carries a vector in the update's schedule"
+        total = part if self.first else self.carried_in[-1].to(part.dtype) + part
+        if not self.last:
+            self.carried_out[-1] = total.to(self.carry_dtype)
+        return total
+
+    def outgoing(self, i: int) -> list[Tensor]:
+        """What scheduled pass i sends on: its activations, and the vector it carries."""
+        return [self.outputs[i], *([self.carried_out[i]] if self.carry_width else [])]
+
+    def incoming(self, i: int) -> list[Tensor]:
+        """What scheduled pass i received (`outgoing`'s leaves on the next stage)."""
+        return [self.inputs[i], *([self.carried_in[i]] if self.carry_width else [])]
 
 
 @dataclass(frozen=True)

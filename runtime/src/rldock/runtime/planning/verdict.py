@@ -187,8 +187,7 @@ def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, 
 
 def _stages_that_fit(lean: JobConfig, shape: ModelShape, *, device_memory: int) -> tuple[int, MemoryPlan] | None:
     """The fewest pipeline stages (doubling, at most the model's layers) at which `lean` fits, with its plan;
-    None where none does or the config does not take PP in this job (rldock.config's checks: EP with the
-    load-balancing loss on)."""
+    None where none does or the config does not take PP in this job (rldock.config's checks: strategy ddp)."""
     stages = lean.training.pipeline_parallel_size * 2
     while stages <= shape.num_layers:
         staged = _with_training(lean, pipeline_parallel_size=stages)

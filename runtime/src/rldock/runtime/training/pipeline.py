@@ -20,7 +20,9 @@ backwards, so a stage holds at most p - s micro-batches' activations (GPipe's al
 all m) and the bubble is (p - 1) / (m + p - 1) of the step. The micro-batches are the update's own (cut from
 the token budget, engines/policy_passes.py), every stage cutting the same ones from the same rows. The loss
 and its metrics are the last stage's; the others run the same loss function on zeros (engines/policy.py)
-and their metrics are replaced by the last stage's.
+and their metrics are replaced by the last stage's. An MoE's router loss, a product of sums over every
+layer, is the last stage's too: each micro-batch's activations carry the stages' router totals so far
+(models/router_loss.py), and its gradient comes back with theirs to each stage's routers.
 
 Why not torch.distributed.pipelining: its stages pass fixed-shape tensors between stages (shapes
 inferred once, or declared), while the update's packed micro-batches differ in length pass by pass;
@@ -46,6 +48,7 @@ from rldock.runtime.models.pipeline_stage import (
     pipeline_links,
     stage_parts,
 )
+from rldock.runtime.models.router_loss import router_carry_width
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
 if TYPE_CHECKING:
@@ -182,6 +185,7 @@ def split_stage(
         device=device,
         first_router=cut.first_router,
         num_routers=cut.num_routers,
+        carry_width=router_carry_width(model, num_routers=cut.num_routers),
     )
     for module in model.modules():
         if isinstance(module, StageInput | StageOutput):
@@ -234,46 +238,54 @@ def run_one_forward_one_backward(
         for key, value in metrics.items():
             stats[key] = stats.get(key, 0.0) + value
 
-    def send_output(i: int, *, then_receive: int | None = None) -> Tensor | None:
-        """Send micro-batch i's activations on; with `then_receive`, receive that micro-batch's gradient in the
-        same batch of operations (module docstring of models/pipeline_stage.py)."""
-        ops = [dist.P2POp(dist.isend, links.outputs[i].detach().contiguous(), links.next, links.group)]
-        grad = None
+    def send_output(i: int, *, then_receive: int | None = None) -> list[Tensor] | None:
+        """Send micro-batch i's activations (and the vector they carry) on; with `then_receive`, receive that
+        micro-batch's gradients in the same batch of operations (module docstring of models/pipeline_stage.py)."""
+        ops = [dist.P2POp(dist.isend, t.detach().contiguous(), links.next, links.group) for t in links.outgoing(i)]
+        grads = None
         if then_receive is not None:
-            grad = torch.empty_like(links.outputs[then_receive])
-            ops.append(dist.P2POp(dist.irecv, grad, links.next, links.group))
+            grads = [torch.empty_like(t) for t in links.outgoing(then_receive)]
+            ops += [dist.P2POp(dist.irecv, grad, links.next, links.group) for grad in grads]
         works = dist.batch_isend_irecv(ops)
-        if grad is None:
+        if grads is None:
             pending.extend(works)
         else:
             for work in works:
                 work.wait()
-        return grad
+        return grads
 
-    def receive_gradient(k: int) -> Tensor:
-        grad = torch.empty_like(links.outputs[k])
-        dist.recv(grad, src=links.next, group=links.group)
-        return grad
+    def receive_gradients(k: int) -> list[Tensor]:
+        grads = [torch.empty_like(t) for t in links.outgoing(k)]
+        for grad in grads:
+            dist.recv(grad, src=links.next, group=links.group)
+        return grads
 
-    def backward(k: int, grad: Tensor | None) -> None:
+    def backward(k: int, grads: list[Tensor] | None) -> None:
         with accumulating(last=k == m - 1):
             if links.last:
                 loss = losses[k]
                 assert loss is not None
                 loss.backward()
             else:
-                torch.autograd.backward(links.outputs[k], grad)
+                assert grads is not None
+                # a carried vector no loss term reached (zeros: `StageLinks.emit`) has no graph to go back through
+                sent = [(t, g) for t, g in zip(links.outgoing(k), grads, strict=True) if t.requires_grad]
+                torch.autograd.backward([t for t, _ in sent], [g for _, g in sent])
         if not links.first:
-            received = links.inputs[k]
-            sent = received.grad if received.grad is not None else torch.zeros_like(received)
-            pending.extend(dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, links.previous, links.group)]))
+            back = [t.grad if t.grad is not None else torch.zeros_like(t) for t in links.incoming(k)]
+            ops = [dist.P2POp(dist.isend, grad, links.previous, links.group) for grad in back]
+            pending.extend(dist.batch_isend_irecv(ops))
         losses[k] = None  # the activations go with the graph
         if not links.last:
             links.outputs[k] = links.outputs[k].detach()
+            if links.carry_width:
+                links.carried_out[k] = links.carried_out[k].detach()
         if not links.first:
             links.inputs[k] = links.inputs[k].detach()
+            if links.carry_width:
+                links.carried_in[k] = links.carried_in[k].detach()
 
-    links.scheduled, links.inputs, links.outputs = True, [], []
+    links.scheduled, links.inputs, links.outputs, links.carried_in, links.carried_out = True, [], [], [], []
     try:
         for i in range(warmup):
             forward(i)
@@ -281,14 +293,14 @@ def run_one_forward_one_backward(
                 send_output(i)
         for k in range(m - warmup):
             forward(warmup + k)
-            grad = None if links.last else send_output(warmup + k, then_receive=k)
-            backward(k, grad)
+            grads = None if links.last else send_output(warmup + k, then_receive=k)
+            backward(k, grads)
         for k in range(m - warmup, m):
-            backward(k, receive_gradient(k))
+            backward(k, receive_gradients(k))
         for work in pending:
             work.wait()
     finally:
-        links.scheduled, links.inputs, links.outputs = False, [], []
+        links.scheduled, links.inputs, links.outputs, links.carried_in, links.carried_out = False, [], [], [], []
     box = [stats]
     dist.broadcast_object_list(box, src=dist.get_process_group_ranks(links.group)[-1], group=links.group)
     return box[0]

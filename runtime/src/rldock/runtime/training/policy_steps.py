@@ -15,7 +15,7 @@ from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
-from rldock.runtime.models.moe import RouterLoss
+from rldock.runtime.models.router_loss import RouterLoss
 from rldock.runtime.models.routing_replay import pass_listeners, replaying_batch
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
