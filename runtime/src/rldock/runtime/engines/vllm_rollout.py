@@ -38,6 +38,13 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
   The swap assumes no other thread draws from that generator during an engine call: a seat's
   calls run one at a time on its own thread (workers/device_worker.py), and the seats that may
   share an actor's process (reference, critic) draw only in their constructors.
+- vLLM runs five full garbage collections while it builds the engine (two around the weights' load, three
+  before it freezes the heap for good, `freeze_gc_heap`, so that collections while serving skip what
+  start-up made). Each walks every object the process holds: torch, transformers and vLLM's modules and,
+  in an actor, Ray's and the trainer's. The engine freezes that heap once first (after one collection, so
+  no cycle of garbage is kept), which leaves vLLM's collections the engine's own objects: the demo
+  engine's build took 0.9-1.0 s against 1.8 s in a fresh interpreter here. vLLM leaves the heap frozen
+  anyway once built, so nothing is kept that it would not keep.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
@@ -46,6 +53,7 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -279,6 +287,8 @@ class VllmRolloutEngine:
             os.environ[_CPU_BIND] = "nobind"  # read by the TP workers at start (module docstring)
         start = time.perf_counter()
         self._rng_state: torch.Tensor | None = None  # the engine's CPU stream: vLLM seeds it at start
+        gc.collect()  # then frozen: vLLM's own collections walk the engine's objects only (module docstring)
+        gc.freeze()
         try:
             with self._own_rng():
                 self._llm = LLM(**engine_args)
