@@ -18,10 +18,16 @@ run's, in units of the matched run's rise above the control's. An arm the config
 config (the tiny MoE's FSDP ranks run no async pipeline) is listed under `refused` with the reason and
 not run.
 
+`--seeds K` runs every arm under seeds 0..K-1 (the job's `seed`: data order, sampling, initialisation and the
+warm-up). `on_par` is then computed within each seed (its arms against its own matched run and control), and
+`on_par_over_seeds` gives each arm's mean, least and greatest over the seeds: an arm whose range holds the
+matched run's 1 is not shown to learn worse than it.
+
     .venv/bin/python -m rldock_benchmarks.mismatch_learning --output runs/mismatch-learning > mismatch.json
     .venv/bin/python -m rldock_benchmarks.mismatch_learning --config examples/grpo-tiny-moe.yaml \\
         --output runs/mismatch-learning-moe > mismatch-moe.json
     .venv/bin/python -m rldock_benchmarks.mismatch_learning --arms matched bfloat16/none --iterations 4
+    .venv/bin/python -m rldock_benchmarks.mismatch_learning --seeds 3 --output runs/mismatch-seeds > seeds.json
 
 `--plot` draws every arm's reward curve into one PNG.
 """
@@ -96,6 +102,27 @@ def on_par(arms: dict[str, dict]) -> dict[str, float]:
     return {name: (arm["rise"] - base) / scale for name, arm in arms.items() if name != "lr0"}
 
 
+def over_seeds(on_par_by_seed: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each arm's on_par over the seeds whose matched run learned (an empty seed says nothing): mean, least,
+    greatest and how many seeds it rests on."""
+    arms = sorted({arm for seed in on_par_by_seed for arm in seed})
+    spread = {}
+    for arm in arms:
+        values = [seed[arm] for seed in on_par_by_seed if arm in seed]
+        spread[arm] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "seeds": len(values)}
+    return spread
+
+
+def run_arms(config: str, out: Path, names: list[str], common: list[str]) -> tuple[dict, dict]:
+    """Every arm of `names`, one job after the other in out/<arm>: their summaries and their folders."""
+    arms, folders = {}, {}
+    for name in names:
+        folders[name] = out / name.replace("/", "-")
+        seconds = run(config, folders[name], [*common, *ARMS[name]])["seconds"]
+        arms[name] = {**arm_summary(read_records(folders[name])), "seconds": seconds}
+    return arms, folders
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(DEMO_CONFIG))
@@ -103,19 +130,28 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--iterations", type=int, help="override the config's iterations")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--plot", type=Path, help="write every arm's reward curve to this PNG")
+    parser.add_argument("--plot", type=Path, help="write every arm's reward curve to this PNG (the first seed's)")
+    parser.add_argument("--seeds", type=int, help="run every arm under seeds 0..K-1 (module docstring)")
     args = parser.parse_args()
     out = Path(args.output)
     common = [*args.overrides, *MEASURED, *([f"iterations={args.iterations}"] if args.iterations else [])]
     refused = refusals(args.config, args.arms, common)
-    arms, folders = {}, {}
-    for name in [arm for arm in args.arms if arm not in refused]:
-        folders[name] = out / name.replace("/", "-")
-        seconds = run(args.config, folders[name], [*common, *ARMS[name]])["seconds"]
-        arms[name] = {**arm_summary(read_records(folders[name])), "seconds": seconds}
+    names = [arm for arm in args.arms if arm not in refused]
+    if args.seeds is None:
+        arms, folders = run_arms(args.config, out, names, common)
+        report: dict[str, object] = {"arms": arms, "on_par": on_par(arms)}
+    else:
+        seeds: list[dict] = []
+        every_folders = []
+        for seed in range(args.seeds):
+            arms, seed_folders = run_arms(args.config, out / f"seed{seed}", names, [*common, f"seed={seed}"])
+            every_folders.append(seed_folders)
+            seeds.append({"seed": seed, "arms": arms, "on_par": on_par(arms)})
+        folders = every_folders[0]
+        report = {"seeds": seeds, "on_par_over_seeds": over_seeds([s["on_par"] for s in seeds])}
     if args.plot:
         plot_curves(folders, Path(args.config).name, args.plot)
-    print(json.dumps({"config": args.config, "arms": arms, "on_par": on_par(arms), "refused": refused}, indent=2))
+    print(json.dumps({"config": args.config, **report, "refused": refused}, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,16 @@ import pytest
 
 from rldock.config.loading import load_job_config
 from rldock.runtime.cli.arguments import parse_override
-from rldock_benchmarks.mismatch_learning import ARMS, DEMO_CONFIG, MEASURED, REPO, arm_summary, on_par, refusals
+from rldock_benchmarks.mismatch_learning import (
+    ARMS,
+    DEMO_CONFIG,
+    MEASURED,
+    REPO,
+    arm_summary,
+    on_par,
+    over_seeds,
+    refusals,
+)
 
 
 def records(rewards: list[float], **gap: float) -> list[dict]:
@@ -74,3 +83,10 @@ def test_a_run_s_records_leave_out_the_initial_evaluation(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     summary = arm_summary(read_records(tmp_path))
     assert summary["curve"] == [0.2, 0.4] and summary["mismatch/kl"] == pytest.approx(1e-3)
+
+
+def test_on_par_over_seeds_spreads_each_arm_over_the_seeds_that_say_something():
+    seeds = [{"matched": 1.0, "bfloat16/tis": 0.8}, {}, {"matched": 1.0, "bfloat16/tis": 1.2}]  # seed 1: no rise
+    spread = over_seeds(seeds)
+    assert spread["bfloat16/tis"] == {"mean": pytest.approx(1.0), "min": 0.8, "max": 1.2, "seeds": 2}
+    assert spread["matched"]["seeds"] == 2
