@@ -147,6 +147,15 @@ def test_a_harness_with_rldocks_own_loop_is_refused(agent_data, agent, path, wor
     assert len([message for message in problem_messages(agent_data, path) if words in message]) == 1
 
 
+def test_a_captured_harness_request_renders_a_harnesss_prompts_in_place_of_the_system_prompt(agent_data):
+    agent_data["agent"] = {"harness_command": ["python", "agent.py"], "harness_request": "request.json"}
+    assert parse_job_config(agent_data).agent.harness_request == "request.json"
+    agent_data["data"]["system_prompt"] = "Add."
+    assert any("the harness's, as it sent them" in m for m in problem_messages(agent_data, "data.system_prompt"))
+    agent_data["agent"] = {"tools": [{"name": "calculator"}], "harness_request": "request.json"}
+    assert any("set without a harness" in m for m in problem_messages(agent_data, "agent.harness_request"))
+
+
 def test_a_harness_reference_that_is_not_module_colon_function_is_refused(agent_data):
     agent_data["agent"] = {"harness": "my_agent.run"}
     assert problem_messages(agent_data, "agent.harness")

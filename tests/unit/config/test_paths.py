@@ -52,6 +52,15 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
         "grpo-smollm2-math.yaml",
         {"agent": {"harness_command": ["python", HERE]}, "evaluation.interval": 0, "data.val_files": []},
     ),
+    "agent.harness_request": (
+        "grpo-smollm2-math.yaml",
+        {
+            "agent": {"harness_command": ["python", "agent.py"], "harness_request": HERE},
+            "evaluation.interval": 0,
+            "data.val_files": [],
+            "data.system_prompt": None,  # the captured request's system messages take its place
+        },
+    ),
     "agent.sandbox.servers.command": (
         "agent-smollm2-python.yaml",
         {"agent.sandbox.servers": {"command": ["rldock", "env", "serve", HERE, "--port", "{port}"]}},

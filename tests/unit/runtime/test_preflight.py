@@ -324,3 +324,29 @@ def test_a_harness_program_that_is_not_executable_says_how_to_run_it(tmp_path):
     failure = preflight(cfg)
     assert failure is not None and [p.field for p in failure.problems] == ["agent.harness_command[0]"]
     assert "is not executable; make it executable (chmod +x)" in failure.problems[0].message
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "does not exist"),
+        ("{not json", "is not readable JSON"),
+        ('{"tools": {}, "messages": []}', "has `tools` that are not a list"),
+        ('{"tools": [], "messages": [{"role": "system"}]}', "has `messages` that are not"),
+    ],
+)
+def test_a_captured_harness_request_that_is_missing_or_does_not_parse_names_the_field_and_the_fix(tmp_path, text, says):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    (tmp_path / "ok.py").write_text("async def run(task, client):\n    return 1.0\n")
+    request = tmp_path / "request.json"
+    if text is not None:
+        request.write_text(text)
+    cfg.agent = AgentSpec(harness=f"{tmp_path}/ok.py:run", harness_request=str(request))
+    failure = preflight(cfg)
+    assert failure is not None
+    (problem,) = failure.problems
+    assert problem.field == "agent.harness_request" and says in problem.message
+    if text is not None:  # how to write a good one
+        assert failure.reason is FailureReason.INVALID_JOB_INPUT and "rldock agent capture" in problem.message
+    request.write_text('{"tools": [], "messages": [{"role": "system", "content": "Use the tool."}]}')
+    assert preflight(cfg) is None

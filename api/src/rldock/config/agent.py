@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
-from rldock.config import agent_environment
+from rldock.config import agent_environment, agent_harness
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS, EnvironmentServersSpec, EnvironmentSpec
 from rldock.config.agent_harness import HarnessCommandLimits
 from rldock.config.problem import Problem
@@ -167,6 +167,15 @@ class AgentSpec(Spec):
         "writing the result file ends the episode `harness_no_result`; exiting non-zero, `harness_exit`. A "
         "relative path is relative to the working directory of `rldock train`; `rldock validate` checks that the "
         "program and, for python or a shell, its script exist.",
+    )
+    harness_request: Annotated[str | None, PATH] = Field(
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        description="A harness's first request as `rldock agent capture` wrote it (JSON: the tools and the "
+        "system messages it sends before the task's prompt). The job's prompts are then rendered as the gateway "
+        "renders that request, so the warm-up's demonstrations (data.demonstration_key) follow the prompt ids an "
+        "episode's first turn samples after (docs/agentic.md#a-warm-up-the-gateway-agrees-with); unset: the "
+        "prompts carry data.system_prompt only, no tools. `rldock validate` checks that it exists and parses.",
     )
     served_models: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)]] = Field(
         default_factory=list,
@@ -376,6 +385,7 @@ def problems(cfg: JobConfig) -> list[Problem]:
     if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
         problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
     problems.extend(agent_environment.problems(cfg))
+    problems.extend(agent_harness.problems(cfg))
     return problems
 
 

@@ -1,12 +1,18 @@
 """`agent.harness_command_limits`: the resource limits every process of a harness command runs under
 (rldock.runtime.gateway.harness_runner sets them before the command starts, so whatever it starts inherits
-them)."""
+them); and the checks of `agent.harness_request` across sections (`problems`, called by agent.problems)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
+from rldock.config.problem import Problem
 from rldock.config.section import Spec
+
+if TYPE_CHECKING:
+    from rldock.config.job import JobConfig
 
 
 class HarnessCommandLimits(Spec):
@@ -43,3 +49,29 @@ class HarnessCommandLimits(Spec):
         description="CPU seconds per process (RLIMIT_CPU: SIGXCPU, then SIGKILL); unset (the default): none, the "
         "episode's agent.episode_timeout_s bounds its wall time either way.",
     )
+
+
+def problems(cfg: JobConfig) -> list[Problem]:
+    """agent.harness_request renders a harness's prompts: it needs a harness, and its own system messages
+    take data.system_prompt's place."""
+    agent = cfg.agent
+    if agent is None or agent.harness_request is None:
+        return []
+    if not agent.harnessed:
+        return [
+            Problem(
+                "agent.harness_request",
+                "set without a harness: it is the first request of your agent (agent.harness, "
+                "agent.harness_command or agent.harness_pods), which rldock's own episode loop does not send; "
+                "remove it",
+            )
+        ]
+    if cfg.data.system_prompt is not None:
+        return [
+            Problem(
+                "data.system_prompt",
+                "set with agent.harness_request: the prompts' system messages are the harness's, as it sent "
+                "them; remove data.system_prompt",
+            )
+        ]
+    return []

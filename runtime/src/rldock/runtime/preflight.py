@@ -26,6 +26,8 @@ from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.agent.service.env_probe import environment_server_problems
+from rldock.runtime.chat.harness_request import FIELD as HARNESS_REQUEST
+from rldock.runtime.chat.harness_request import HarnessRequestError, read_harness_request
 from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.prompt_lengths import prompt_set_problems
 from rldock.runtime.driver.tracking import wandb_credentials_problems
@@ -92,6 +94,12 @@ CHECKS: tuple[PathCheck, ...] = (
     PathCheck(
         "agent.harness_command[{i}]",
         lambda cfg: command_files(cfg.agent.harness_command) if cfg.agent is not None else [],
+        PathKind.FILE,
+    ),
+    # A harness's captured first request, which the job's prompts are rendered with (`rldock agent capture`).
+    PathCheck(
+        "agent.harness_request",
+        lambda cfg: cfg.agent.harness_request if cfg.agent is not None else None,
         PathKind.FILE,
     ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
@@ -268,9 +276,14 @@ def agent_class_problems(cfg: JobConfig) -> list[Problem]:
 
 def harness_problems(cfg: JobConfig) -> list[Problem]:
     """The harness imports (running its module's top level, as the actor will) and is an `async def` of
-    (task, client); a command's program is found on the PATH."""
+    (task, client); a command's program is found on the PATH; a captured first request parses."""
     if cfg.agent is None:
         return []
+    if cfg.agent.harness_request is not None:
+        try:
+            read_harness_request(cfg.agent.harness_request)
+        except HarnessRequestError as error:
+            return [Problem(HARNESS_REQUEST, str(error).removeprefix(f"{HARNESS_REQUEST}: "))]
     if cfg.agent.harness is not None:
         try:
             load_harness(cfg.agent.harness)

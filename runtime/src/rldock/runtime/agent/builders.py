@@ -27,6 +27,7 @@ from rldock.runtime.agent.interfaces import (
 from rldock.runtime.agent.service.env_client import OpenEnvEnvironment
 from rldock.runtime.agent.tools import PythonTool
 from rldock.runtime.chat.conversation import ChatRenderer
+from rldock.runtime.chat.harness_request import read_harness_request
 from rldock.runtime.chat.parsers import TOOL_CALL_PARSERS, ToolCallParser
 from rldock.runtime.registry import Registry
 from rldock.runtime.user_code import load_object
@@ -92,9 +93,14 @@ def build_parser(agent: AgentSpec) -> ToolCallParser:
 
 
 def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
-    """The renderer of an agent job's prompts and turns (its tools described), None without an agent."""
+    """The renderer of an agent job's prompts and turns (its tools described), None without an agent. With
+    agent.harness_request, the harness's captured first request: its tools, and its messages before each
+    row's prompt (the prompts as the gateway renders the harness's requests)."""
     if cfg.agent is None:
         return None
+    if cfg.agent.harness_request is not None:
+        request = read_harness_request(cfg.agent.harness_request)
+        return ChatRenderer(tokenizer, tools=request.tools, preamble=request.messages)
     built = build_tools(cfg.agent)
     try:
         return ChatRenderer(

@@ -107,9 +107,20 @@ class TokenSpan:
 
 
 class ChatRenderer:
-    """Renders prompts with the tools, and the messages between turns, with the tokenizer's chat template."""
+    """Renders prompts with the tools, and the messages between turns, with the tokenizer's chat template.
 
-    def __init__(self, tokenizer, *, tools: Sequence[dict], opens_with_environment: bool = False):
+    `preamble`: a job's renderer of a harness's captured first request (chat/harness_request.py): the messages
+    a data row's prompt follows there; with it the job's prompts are rendered and tokenized as the gateway
+    renders a request (`prompt_ids`). The gateway's renderers have none: a request carries its own messages."""
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        tools: Sequence[dict],
+        opens_with_environment: bool = False,
+        preamble: Sequence[dict] | None = None,
+    ):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "agent: the model's tokenizer has no chat template, which multi-turn rollouts render the "
@@ -118,6 +129,7 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = list(tools)
         self.opens_with_environment = opens_with_environment
+        self.preamble = None if preamble is None else [dict(message) for message in preamble]
         self.eos_text: str = tokenizer.eos_token
         # Tools in the template's own words where it renders them, else in a system message of ours.
         probe = [{"role": "user", "content": _PROBE_USER}]

@@ -1,7 +1,7 @@
 """The `rldock` command line: validate a job config, plan its memory per device (`rldock plan`), train
 it on a local or existing Ray, prepare data (`rldock data generate`) or a model (`rldock models
-import-gguf`), serve an environment class over OpenEnv's protocol (`rldock env serve`), or measure a
-device's peak (`rldock bench peak`).
+import-gguf`), serve an environment class over OpenEnv's protocol (`rldock env serve`), capture what your own agent
+sends (`rldock agent capture`), or measure a device's peak (`rldock bench peak`).
 
 One module per command (or per family: validate and train share their checks); each adds its
 parser with `add_commands` and sets the function that runs it, which `main` calls. A command's
@@ -17,6 +17,7 @@ import logging
 
 from rldock.contract import runtime_cli as cli
 from rldock.runtime.cli import (
+    agent_command,
     bench_command,
     data_command,
     env_command,
@@ -26,7 +27,7 @@ from rldock.runtime.cli import (
 )
 
 # In the order `rldock --help` lists them.
-COMMANDS = (job_commands, plan_command, data_command, models_command, bench_command, env_command)
+COMMANDS = (job_commands, plan_command, data_command, models_command, bench_command, env_command, agent_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

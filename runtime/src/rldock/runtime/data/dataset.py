@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from rldock.config.data import DataSpec
 from rldock.runtime.chat.conversation import ChatRenderer
-from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
+from rldock.runtime.data.rendering import prompt_messages, render_prompt, tokenize_prompts
 from rldock.runtime.data.rows import Example, PreferencePair, Row
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,14 @@ class PromptDataset:
             )
             for row in rows
         ]
-        ids = tokenize_prompts(tokenizer, texts, chat_template=spec.chat_template)
+        if conversation is not None and conversation.preamble is not None:
+            # a harness's first request (agent.harness_request): its ids as the gateway renders the request
+            ids = [
+                conversation.prompt_ids(prompt_messages(row.prompt, system_prompt=None, conversation=conversation))
+                for row in rows
+            ]
+        else:
+            ids = tokenize_prompts(tokenizer, texts, chat_template=spec.chat_template)
         keep = [i for i, row_ids in enumerate(ids) if len(row_ids) <= max_prompt_length]
         self.num_rows = len(rows)
         self.num_dropped = len(rows) - len(keep)

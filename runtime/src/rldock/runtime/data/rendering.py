@@ -50,9 +50,7 @@ def render_prompt(
             "data.chat_template is model, but the model's tokenizer has no chat template; "
             "use a chat (instruct) model or set data.chat_template to none"
         )
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt is not None:
-        messages = [{"role": "system", "content": system_prompt}, *messages]
+    messages = prompt_messages(prompt, system_prompt=system_prompt, conversation=conversation)
     try:
         if conversation is not None:
             return conversation.prompt_text(messages)
@@ -62,6 +60,19 @@ def render_prompt(
             f"{where}: the tokenizer's chat template failed on this prompt ({error}); "
             "check the prompt's roles or set data.chat_template to none"
         ) from error
+
+
+def prompt_messages(
+    prompt: RawPrompt, *, system_prompt: str | None, conversation: ChatRenderer | None = None
+) -> list[dict]:
+    """The chat messages a row's prompt is rendered from: `data.system_prompt`'s system message, or a harness's
+    captured messages (`conversation.preamble`, agent.harness_request), then the prompt's."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if conversation is not None and conversation.preamble is not None:
+        return [*conversation.preamble, *messages]
+    if system_prompt is not None:
+        return [{"role": "system", "content": system_prompt}, *messages]
+    return messages
 
 
 def tokenize_prompts(tokenizer, texts: Sequence[str], *, chat_template: str) -> list[list[int]]:
