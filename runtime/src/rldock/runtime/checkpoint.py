@@ -1,10 +1,11 @@
 """Checkpoint layout on disk: atomic save, discovery of the latest complete one, pruning.
 
 A checkpoint is a directory `checkpoints/iter-000010/` holding the policy in Hugging Face format
-(`policy/`, which the rollout engine can start from), the optimizer state, RNG states and
-`state.json` (iteration, data position). It is written under a temporary name and renamed only when
-complete, so a run killed at any moment leaves either the previous or the new checkpoint, never a
-torn one.
+(`policy/`, which the rollout engine can start from), the optimizer state, for PPO the critic's,
+RNG states and `state.json` (iteration, data position). Each worker group writes and reads its own
+part (its spec's `checkpoint`, rldock.runtime.flow.states); the driver writes the rest. It is
+written under a temporary name and renamed only when complete, so a run killed at any moment leaves
+either the previous or the new checkpoint, never a torn one.
 
 Beside the checkpoints, `inflight-dock.pkl` holds the transfer dock of an iteration that failed
 part-way (TransferDock.state_dict, with the results of the stage ranks that had finished): the
@@ -30,6 +31,9 @@ STATE_FILE = "state.json"
 POLICY_DIR = "policy"
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
 OPTIMIZER_FILE = "optimizer.pt"
+CRITIC_FILE = "critic.pt"  # PPO's whole value model's state dict
+CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the critic's backend writes it (FSDP: keyed by parameter names)
+RANK_STATES_FILE = "rng.pt"  # each worker group's ranks' own states (their torch RNG), by the group's key
 INFLIGHT_FILE = "inflight-dock.pkl"
 STARTED_FILE = ".save-started"  # in a staging folder: when its save began (time.time()), read by `commit`
 # How long the save took, staging to commit: a wall time, apart from state.json so that two runs of the same
@@ -49,10 +53,6 @@ class Checkpoint:
     @property
     def adapter_dir(self) -> Path:
         return self.path / ADAPTER_DIR
-
-    @property
-    def optimizer_file(self) -> Path:
-        return self.path / OPTIMIZER_FILE
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.path / STATE_FILE).read_text())

@@ -397,4 +397,4 @@ def test_worker_groups_run_a_state_on_its_ranks_or_its_engines():
     workers = WorkerGroups({"actor": actors, "toy": [_Handle(log, "toy 0")]}, generation_tp=2)
     assert workers.runners(get_recipe("grpo").spec("rollout")) == actors[::2]
     assert workers.runners(get_recipe("grpo").spec("update")) == actors
-    assert len(workers.all()) == 5 and workers.critics == [] and workers.references == []
+    assert len(workers.all()) == 5 and workers.references == []

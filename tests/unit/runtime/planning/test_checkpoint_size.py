@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rldock.config.job import JobConfig
-from rldock.runtime.checkpoint import OPTIMIZER_FILE, POLICY_DIR, measure_write_rate
+from rldock.runtime.checkpoint import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, OPTIMIZER_FILE, POLICY_DIR, measure_write_rate
 from rldock.runtime.device import detect_device
 from rldock.runtime.driver.inputs import estimate_checkpoint_save
 from rldock.runtime.flow.job_recipe import job_recipe
@@ -22,7 +22,7 @@ from rldock.runtime.planning.checkpoint_size import SAVE_FIXED_S, SAVE_WORK_FACT
 from rldock.runtime.planning.shapes import load_shape
 from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.training.policy_checkpoint import save_policy
-from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker
+from rldock.runtime.workers.critic import CriticWorker
 
 NUM_LAYERS = 2
 # What a file holds besides its tensors' bytes, per tensor (its name, shape and offset: measured about 110 bytes in

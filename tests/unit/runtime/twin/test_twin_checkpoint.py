@@ -1,5 +1,5 @@
 """Checkpoint save and resume from a model on the npu twin: the actor's own save (HF weights and
-optimizer) and its load_optimizer, with tensors coming back on the
+optimizer, and the RNG state it returns) and its restore, with tensors coming back on the
 device they are resumed on."""
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ def test_actor_checkpoint_from_the_device_resumes_on_the_device(npu_twin, twin_m
     actor.model(input_ids=tokens, labels=tokens).loss.backward()
     actor.backend.optimizer.step()
 
-    actor.save(str(tmp_path))
+    rng = actor.save(str(tmp_path))
 
     saved = load_causal_lm(str(tmp_path / "policy"), dtype="float32", device="cpu")
     for (name, ours), theirs in zip(actor.model.state_dict().items(), saved.state_dict().values()):
         assert torch.equal(ours.cpu(), theirs), name
     resumed = _actor(tmp_path / "policy", index=5)
-    resumed.load_optimizer(str(tmp_path / "optimizer.pt"))
+    resumed.restore(str(tmp_path), rng)
+    assert torch.equal(torch.get_rng_state(), rng)
     restored = resumed.backend.optimizer.state_dict()["state"]
     original = actor.backend.optimizer.state_dict()["state"]
     assert restored.keys() == original.keys()

@@ -16,11 +16,11 @@ from tensordict import TensorDict
 from rldock.config.job import JobConfig
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.flow.job_recipe import job_recipe
-from rldock.runtime.flow.states import StageCall
+from rldock.runtime.flow.states import CRITIC, StageCall
 from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.models.value import load_value_model
 from rldock.runtime.training.ddp import DdpBackend
-from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker
+from rldock.runtime.workers.critic import CriticWorker
 
 VALUE_CLIP, MAX_GRAD_NORM, LEARNING_RATE, WEIGHT_DECAY, ADAM_EPS = 0.2, 0.05, 1e-2, 0.1, 1e-3
 HIDDEN_SIZE, INTERMEDIATE_SIZE, NUM_LAYERS, NUM_TOKENS = 32, 512, 2, 4 * (3 + 3)  # the batch: 4 x (PL + SL)
@@ -178,13 +178,14 @@ def test_a_checkpoint_round_trip_keeps_the_next_update(policy_dir, tmp_path):
     first = _batch(load_value_model(policy_dir, dtype="float32", device="cpu"), seed=1)
     critic = _critic(policy_dir, first)
     critic.update(StageCall(1))
-    critic.save(str(tmp_path))
-    assert (tmp_path / CRITIC_FILE).is_file() and (tmp_path / CRITIC_OPTIMIZER_FILE).is_file()
+    assert critic.save(str(tmp_path)) is None  # no state of a rank's own (rng.pt)
+    assert CRITIC.checkpoint is not None  # the files its spec declares, and no other
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(CRITIC.checkpoint.files)
 
     resumed = CriticWorker(
         _cfg(policy_dir), recipe=job_recipe(_cfg(policy_dir)), policy_dir=str(policy_dir), banks=None
     )  # a zero head, fresh AdamW
-    resumed.load(str(tmp_path))
+    resumed.restore(str(tmp_path), None)
     for name, tensor in critic.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], tensor), name
     saved, loaded = critic.backend.optimizer.state_dict(), resumed.backend.optimizer.state_dict()

@@ -129,6 +129,7 @@ def run_train(args: argparse.Namespace) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from rldock.runtime.driver.attempt import CheckpointMismatch
     from rldock.runtime.driver.mismatch_budget import MismatchOverBudget
     from rldock.runtime.driver.preemption import EXIT_CODE, Preempted
     from rldock.runtime.driver.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
@@ -146,6 +147,9 @@ def run_train(args: argparse.Namespace) -> int:
     except RewardError as error:
         print(f"error: {reward_failure(error)}", file=sys.stderr)
         return 1
+    except CheckpointMismatch as error:  # --resume of another job's checkpoint
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except Preempted as stopped:  # SIGTERM: the iteration under way finished and was checkpointed
         print(f"stopped: {stopped}", file=sys.stderr)
         return EXIT_CODE

@@ -2,10 +2,11 @@
 
 Entering reserves the devices (the placement plan's Ray placement group), creates the dock banks,
 starts the environment servers the job runs itself and the worker groups the recipe's states run
-on, seats the turn keeper of a serial phase schedule and, when resuming, loads the checkpoint's
-optimizer, RNG and critic state into the workers. Exiting stops all of it, in the order that frees
-the devices first. A worker's death ends the attempt; the trainer (trainer.py) starts the next one
-from the last checkpoint, with the same job inputs (inputs.py).
+on, seats the turn keeper of a serial phase schedule and, when resuming, has each worker group that
+keeps a part of the checkpoint (its spec's `checkpoint`: the actor's optimizer and RNG, the critic's
+model and optimizer) restore it; the trainer's checkpoints are saved the same way (`save`). Exiting
+stops all of it, in the order that frees the devices first. A worker's death ends the attempt; the
+trainer (trainer.py) starts the next one from the last checkpoint, with the same job inputs (inputs.py).
 
 The attempt's workers (`WorkerGroups`) are what a schedule launches stages on: a state's spec
 names its group and method, and every rank gets the same `StageCall`.
@@ -26,20 +27,33 @@ from ray.util.placement_group import PlacementGroup
 from rldock.config import JobConfig
 from rldock.contract.placement import PlacementPlan
 from rldock.runtime.agent.service.local import JobEnvironmentServers
-from rldock.runtime.checkpoint import Checkpoint
+from rldock.runtime.checkpoint import RANK_STATES_FILE, Checkpoint
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.inputs import JobInputs
 from rldock.runtime.driver.schedule import num_banks
 from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.flow.columns import TOKEN_COLUMNS
-from rldock.runtime.flow.states import ACTOR, CRITIC, REFERENCE, StageCall, WorkerContext, WorkerState, worker_groups
+from rldock.runtime.flow.states import (
+    ACTOR,
+    REFERENCE,
+    CheckpointState,
+    StageCall,
+    WorkerContext,
+    WorkerGroup,
+    WorkerState,
+    worker_groups,
+)
 from rldock.runtime.startup import startup_line, startup_timing
 from rldock.runtime.workers import cluster
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 from rldock.runtime.workers.phase_keeper import hand_out_turns
 
 logger = logging.getLogger(__name__)
+
+
+class CheckpointMismatch(RuntimeError):
+    """The checkpoint to resume from lacks a file one of the job's worker groups restores from."""
 
 
 @dataclass
@@ -60,10 +74,6 @@ class WorkerGroups:
     @property
     def references(self) -> list:
         return self.ranks.get(REFERENCE.name, [])
-
-    @property
-    def critics(self) -> list:
-        return self.ranks.get(CRITIC.name, [])
 
     @property
     def engine_actors(self) -> list:
@@ -172,7 +182,7 @@ class Attempt:
         )
         self.workers = self.create_workers(context)
         if self.resume_from is not None:
-            self._restore(self.resume_from)
+            self.restore(self.resume_from)
 
     def create_workers(self, context: WorkerContext) -> WorkerGroups:
         """The workers of every worker group the recipe's states run on (their specs,
@@ -221,13 +231,45 @@ class Attempt:
         groups.turns = hand_out_turns(cfg, plan, self.inputs.recipe, groups)  # fresh with every new set of workers
         return groups
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        """The checkpoint's optimizer, RNG and critic state into the workers just created."""
-        workers = self.started()
-        rng = torch.load(checkpoint.path / "rng.pt")
-        ray.get([a.load_optimizer.remote(str(checkpoint.optimizer_file)) for a in workers.actors])
-        ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(workers.actors)])
-        ray.get([c.load.remote(str(checkpoint.path)) for c in workers.critics])
+    def _checkpointed(self) -> list[tuple[WorkerGroup, CheckpointState]]:
+        """The recipe's worker groups that keep a part of the checkpoint, in the recipe's order (the actor's
+        first), each with what it keeps (its spec's `checkpoint`)."""
+        groups = worker_groups(self.inputs.recipe.specs).values()
+        return [(group, group.checkpoint) for group in groups if group.checkpoint is not None]
+
+    def save(self, staging: Path) -> None:
+        """Every worker group's part of the checkpoint into `staging` (its folder until it commits): each
+        group's ranks save at once, group after group; the states they return are kept in one file, by
+        the group's key (rng.pt: {"actors": the actor ranks' torch RNG states})."""
+        workers, rank_states = self.started(), {}
+        for group, kept in self._checkpointed():
+            states = ray.get([handle.save.remote(str(staging)) for handle in workers.ranks[group.name]])
+            if kept.rank_states is not None:
+                rank_states[kept.rank_states] = states
+        torch.save(rank_states, staging / RANK_STATES_FILE)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Every worker group's part of `checkpoint` into the workers just created, group after group (the
+        policy itself the actor ranks loaded as they started: WorkerContext.policy_dir)."""
+        workers, checkpointed = self.started(), self._checkpointed()
+        for group, kept in checkpointed:
+            missing = [name for name in kept.files if not (checkpoint.path / name).exists()]
+            if missing:
+                raise CheckpointMismatch(
+                    f"{checkpoint.path} holds no {', '.join(missing)}, which the job's {group.name} workers "
+                    "resume from: was it written by a job of another algorithm? Resume it with that job's "
+                    "config, or start this job in another --output"
+                )
+        rank_states = torch.load(checkpoint.path / RANK_STATES_FILE)
+        for group, kept in checkpointed:
+            states = rank_states[kept.rank_states] if kept.rank_states is not None else None
+            handles = workers.ranks[group.name]
+            ray.get(
+                [
+                    handle.restore.remote(str(checkpoint.path), None if states is None else states[rank])
+                    for rank, handle in enumerate(handles)
+                ]
+            )
 
     def processes(self) -> list:
         """Every Ray actor the attempt started, each once: the workers, the turn keeper, the docks' actors."""

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-import torch
 
 from rldock.config import JobConfig
 from rldock.runtime import checkpoint as ckpt
@@ -335,11 +334,7 @@ class Trainer:
         # resume keeps only the records up to its checkpoint, and redoes none of these.
         loop.books.wait()
         staging = ckpt.staging_dir(self.output_dir, iteration)
-        workers = loop.attempt.started()
-        ray.get([a.save.remote(str(staging)) for a in workers.actors])
-        actor_rng = ray.get([a.get_rng_state.remote() for a in workers.actors])
-        torch.save({"actors": actor_rng}, staging / "rng.pt")
-        ray.get([c.save.remote(str(staging)) for c in workers.critics])  # rank 0 writes
+        loop.attempt.save(staging)  # each worker group's part, the recipe's groups iterated (flow/states.py)
         # The driver draws no random numbers itself: the sampler's state is the data position, the
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
         # A run-ahead schedule drew the next iteration's prompts already: it keeps the position before that draw.

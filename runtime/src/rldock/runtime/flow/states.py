@@ -4,9 +4,9 @@ it reads and writes, whether it trains, where its workers sit and which memory m
 A recipe (flow/catalogue.py) is a tuple of these specs; everything that used to key on a
 state's name reads them instead: the dock's controllers (`consumes`), the trainer's worker groups
 and launches (`group`, `method`), the placement plan (`group.ranks`, `group.device`), the serial
-phase schedule (which workers run a state, `trains` puts it last) and the memory planner
-(`group.memory`). Adding a state is one `WorkerState` here and one worker class (see
-docs/architecture.md, "Adding a worker state").
+phase schedule (which workers run a state, `trains` puts it last), the memory planner
+(`group.memory`) and the checkpoint's save and restore (`group.checkpoint`). Adding a state is one
+`WorkerState` here and one worker class (see docs/architecture.md, "Adding a worker state").
 
 Pure data, no torch and no Ray: the planner and the placement read it without either. Worker
 classes are named by import path and imported only where the trainer starts them
@@ -18,12 +18,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
+from rldock.runtime.checkpoint import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, OPTIMIZER_FILE, POLICY_DIR
 from rldock.runtime.flow.columns import (
     POLICY_VERSION,
     PROMPT,
@@ -60,6 +61,36 @@ Arguments = Callable[[WorkerContext, int, int], dict]
 
 
 @dataclass(frozen=True)
+class CheckpointState:
+    """A worker group's part of a checkpoint (rldock.runtime.checkpoint's folder), which its worker class writes
+    and reads itself (`CheckpointWorker`). The driver names no group: it asks every rank of each group of the
+    recipe that declares one to save, in the recipe's order, and a resumed attempt's new ranks to restore
+    (driver/attempt.py: `Attempt.save`, `Attempt.restore`)."""
+
+    # What its ranks always write there, files or folders; a resume refuses a checkpoint that lacks one (a
+    # worker may write more beside them: TP's optimizer shards, LoRA's adapters).
+    files: tuple[str, ...]
+    # The key under which the checkpoint's rng.pt keeps its ranks' own states (what each rank's `save`
+    # returns, gathered by the driver into one file, handed back to the same rank's `restore`); None: none.
+    rank_states: str | None = None
+
+
+class CheckpointWorker(Protocol):
+    """The two methods of a worker class whose group declares a `CheckpointState`."""
+
+    def save(self, staging_dir: str) -> object:
+        """Write this rank's part of the group's files into `staging_dir` (collective where the group's
+        training state is sharded: every rank is called at once); return the rank's own state for rng.pt
+        (`CheckpointState.rank_states`), or None."""
+        ...
+
+    def restore(self, checkpoint_dir: str, rank_state: object) -> None:
+        """Load this rank's part from the checkpoint in `checkpoint_dir` (collective where sharded), and the
+        state its `save` returned (None where the group keeps none)."""
+        ...
+
+
+@dataclass(frozen=True)
 class WorkerGroup:
     """The Ray actors one or more states run on: one per rank, each running every state of the
     group in the order they are launched (Ray runs one actor's calls in submission order)."""
@@ -75,6 +106,8 @@ class WorkerGroup:
     collective_when_split: bool = False
     # Which of planning/memory.py's models sizes its devices: "actor", "critic"; None: not planned.
     memory: Literal["actor", "critic"] | None = None
+    # What it keeps in a checkpoint (its worker class is a CheckpointWorker); None: nothing, it starts anew.
+    checkpoint: CheckpointState | None = None
 
     def worker_class(self) -> type:
         module, _, name = self.worker.partition(":")
@@ -175,7 +208,9 @@ def _tokenizer_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict
 
 
 # Each actor rank opens a device of its own (rldock.contract.placement) and holds the policy, its
-# rollout engine (on each generation replica's first rank) and its optimizer.
+# rollout engine (on each generation replica's first rank) and its optimizer. Its checkpoint: the policy
+# (a resumed attempt's ranks load it as they start: WorkerContext.policy_dir), the optimizer, and each
+# rank's torch RNG.
 ACTOR = WorkerGroup(
     ACTOR_GROUP,
     "rldock.runtime.workers.actor:ActorWorker",
@@ -183,6 +218,7 @@ ACTOR = WorkerGroup(
     ranks="actor_ranks",
     collective=True,
     memory="actor",
+    checkpoint=CheckpointState(files=(POLICY_DIR, OPTIMIZER_FILE), rank_states="actors"),
 )
 # Its PP x DP x CP ranks form a group under CP or PP: each CP group attends as the actor's does, and the
 # model is cut into the actor's stages.
@@ -201,6 +237,7 @@ CRITIC = WorkerGroup(
     ranks="stage_sequence_ranks",
     collective=True,
     memory="critic",
+    checkpoint=CheckpointState(files=(CRITIC_FILE, CRITIC_OPTIMIZER_FILE)),
 )
 REWARD = WorkerGroup("reward", "rldock.runtime.workers.reward:RewardWorker", _reward_arguments, device=False)
 ADVANTAGE = WorkerGroup(

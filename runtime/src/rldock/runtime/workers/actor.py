@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight
 from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, correction_weight, mismatch_part
+from rldock.runtime.checkpoint import OPTIMIZER_FILE
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
@@ -163,9 +164,6 @@ class ActorWorker(TakesTurns):
         algo = self.cfg.algorithm
         return torch.optim.AdamW(trainable(params), lr=algo.learning_rate, weight_decay=algo.weight_decay)
 
-    def load_optimizer(self, path: str) -> None:
-        self.backend.load_optimizer(Path(path), map_location=self.device.torch_device)
-
     def device_rates(self, dtypes: Sequence[str]) -> dict:
         """This rank's `device_kind` and its device's peak FLOP/s and memory bandwidth in each of
         `dtypes` as `rldock bench peak` measures them (runtime/peak.py: its cache, else measured now),
@@ -177,12 +175,6 @@ class ActorWorker(TakesTurns):
         except (PeakUnavailable, RuntimeError) as error:  # torch's device errors (OOM among them)
             return {"device_kind": self.device.kind, "unavailable": f"{type(error).__name__}: {error}"}
         return {"device_kind": self.device.kind, "measured": measured}
-
-    def get_rng_state(self) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        torch.set_rng_state(state)
 
     def apply_rollout_correction(self) -> None:
         """monitoring.mismatch action `correct`: the next old-logprob pass on, the correction's weights
@@ -366,8 +358,10 @@ class ActorWorker(TakesTurns):
 
     # --- checkpoint ---------------------------------------------------------------------------
 
-    def save(self, staging_dir: str) -> None:
-        """This rank's part of the checkpoint (training/policy_checkpoint.py; collective where sharded)."""
+    def save(self, staging_dir: str) -> torch.Tensor:
+        """This rank's part of the actor's checkpoint state (flow/states.py: ACTOR.checkpoint): the policy
+        and the optimizer (training/policy_checkpoint.py; collective where sharded); returns this rank's
+        torch RNG state, which the driver keeps with the other ranks' (rng.pt)."""
         save_policy(
             Path(staging_dir),
             backend=self.backend,
@@ -376,3 +370,11 @@ class ActorWorker(TakesTurns):
             rank=self.rank,
             generation_weights=self.generation.weights,
         )
+        return torch.get_rng_state()
+
+    def restore(self, checkpoint_dir: str, rank_state: torch.Tensor) -> None:
+        """The optimizer state (this rank's, as the backend keeps it) and the RNG state `save` returned; the
+        policy this rank loaded as it started (policy_dir: the checkpoint's)."""
+        optimizer = Path(checkpoint_dir) / OPTIMIZER_FILE
+        self.backend.load_optimizer(optimizer, map_location=self.device.torch_device)
+        torch.set_rng_state(rank_state)

@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.runtime.checkpoint import CRITIC_FILE, CRITIC_OPTIMIZER_FILE
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
@@ -51,9 +52,6 @@ from rldock.runtime.training.pipeline import rank_stage
 from rldock.runtime.training.value_step import value_step
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
-
-CRITIC_FILE = "critic.pt"  # the whole value model's state dict
-CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the backend writes it (FSDP: keyed by parameter names)
 
 
 class CriticWorker(TakesTurns):
@@ -159,9 +157,10 @@ class CriticWorker(TakesTurns):
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
-        """Rank 0 writes the whole value model and the backend its optimizer state (DDP: rank 0's,
-        every rank's being the same; FSDP: gathered whole first, every stage's under PP, collective,
-        so the model file is the same whichever layout wrote it)."""
+        """The critic's checkpoint state (flow/states.py: CRITIC.checkpoint): rank 0 writes the whole value
+        model and the backend its optimizer state (DDP: rank 0's, every rank's being the same; FSDP: gathered
+        whole first, every stage's under PP, collective, so the model file is the same whichever layout wrote
+        it). It returns no state of a rank's own for rng.pt."""
         staging = Path(staging_dir)
         with self.backend.resident():
             weights = self.backend.full_weights()  # None: this rank holds the whole model already
@@ -169,9 +168,9 @@ class CriticWorker(TakesTurns):
         if self.rank == 0:
             torch.save(self.model.state_dict() if weights is None else weights, staging / CRITIC_FILE)
 
-    def load(self, checkpoint_dir: str) -> None:
+    def restore(self, checkpoint_dir: str, rank_state: None = None) -> None:
         """Every rank reads the whole files and keeps its own part of them (its stage's under PP;
-        collective where sharded)."""
+        collective where sharded); `rank_state`: None, the critic keeps none."""
         checkpoint = Path(checkpoint_dir)
         load_full_weights(self.backend, torch.load(checkpoint / CRITIC_FILE, map_location="cpu"))
         self.backend.load_optimizer(checkpoint / CRITIC_OPTIMIZER_FILE, map_location=self.device.torch_device)
