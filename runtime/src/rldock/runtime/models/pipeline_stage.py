@@ -38,6 +38,16 @@ from rldock.contract.layout import stage_layer_counts
 from rldock.runtime.models.moe import routers
 
 
+def receive_all(tensors: list[Tensor], *, src: int, group: dist.ProcessGroup) -> None:
+    """Receive `tensors` from global rank `src`, in the order it posted its sends: one as a plain receive, more
+    as one batch of point-to-point operations (as they were sent; NCCL and HCCL then match them as a group)."""
+    if len(tensors) == 1:
+        dist.recv(tensors[0], src=src, group=group)
+        return
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, src, group) for tensor in tensors]):
+        work.wait()
+
+
 @dataclass
 class StageLinks:
     """Stage `index` of `size`: its pipeline group (this rank's peers in the other stages), the global ranks
@@ -86,8 +96,8 @@ class StageLinks:
         received = [hidden]
         if self.scheduled and self.carry_width:
             received.append(torch.empty(self.carry_width, dtype=self.carry_dtype, device=self.device))
-        for tensor in received:  # in the order the previous stage posted its sends
-            dist.recv(tensor, src=self.previous, group=self.group)
+        receive_all(received, src=self.previous, group=self.group)
+        for tensor in received:
             tensor.requires_grad_(torch.is_grad_enabled())
         if self.scheduled:
             self.inputs.append(hidden)

@@ -46,6 +46,7 @@ from rldock.runtime.models.pipeline_stage import (
     StageOutput,
     cut_stage,
     pipeline_links,
+    receive_all,
     stage_parts,
 )
 from rldock.runtime.models.router_loss import router_carry_width
@@ -256,8 +257,8 @@ def run_one_forward_one_backward(
 
     def receive_gradients(k: int) -> list[Tensor]:
         grads = [torch.empty_like(t) for t in links.outgoing(k)]
-        for grad in grads:
-            dist.recv(grad, src=links.next, group=links.group)
+        assert links.next is not None
+        receive_all(grads, src=links.next, group=links.group)
         return grads
 
     def backward(k: int, grads: list[Tensor] | None) -> None:
