@@ -162,6 +162,9 @@ RUNTIME_ROOMS = {
     # The conversation's formats (chat rendering, tool-call parsers, cut turns) sit under the data, the agent
     # loop and the gateway, which all read them: none of those above it.
     "rldock.runtime.chat": ("rldock.runtime.agent", "rldock.runtime.data", "rldock.runtime.gateway"),
+    # The data (files, generators, rendering, the feed's sampler) sits under the agent loop: an environment's own
+    # rows live beside it (agent/examples/cabinet_tasks.py).
+    "rldock.runtime.data": ("rldock.runtime.agent",),
     # The sandbox runs a program in a confined child and knows nothing of who calls it (the python tool, the
     # python sandbox environment).
     "rldock.runtime.sandbox": ("rldock.runtime.agent", "rldock.runtime.gateway", "rldock.runtime.rollout"),

@@ -52,7 +52,7 @@ CABINET = REPO / "examples" / "harnesses" / "langgraph_cabinet.py"
 
 def test_a_langgraph_graph_solves_a_cabinet_task_in_three_exact_turns():
     from rldock.runtime.agent.examples.cabinet import build_cabinet
-    from rldock.runtime.data.cabinet_tasks import cabinet_row
+    from rldock.runtime.agent.examples.cabinet_tasks import cabinet_row
 
     row = cabinet_row(7, num_files=4, num_lines=3)
     cabinet = build_cabinet(7, num_files=4, num_lines=3)
@@ -74,7 +74,7 @@ def test_a_langgraph_graph_solves_a_cabinet_task_in_three_exact_turns():
 
 
 def test_a_wrong_code_scores_0_and_a_graph_that_never_answers_stops_at_four_turns():
-    from rldock.runtime.data.cabinet_tasks import cabinet_row
+    from rldock.runtime.agent.examples.cabinet_tasks import cabinet_row
 
     row = cabinet_row(7, num_files=4, num_lines=3)
     tokenizer = train_char_tokenizer([string.printable])

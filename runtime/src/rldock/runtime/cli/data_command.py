@@ -128,9 +128,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def generate_cabinet_tasks(args: argparse.Namespace, given: dict, prompt_key: str) -> int:
     """`rldock data generate cabinet`: the cabinet environment's tasks, with their demonstrations and the
-    extra_info the environment rebuilds each task from (rldock.runtime.data.cabinet_tasks)."""
+    extra_info the environment rebuilds each task from (rldock.runtime.agent.examples.cabinet_tasks)."""
     from rldock.config.data import DataSpec
-    from rldock.runtime.data.cabinet_tasks import generate_cabinet
+    from rldock.runtime.agent.examples.cabinet_tasks import generate_cabinet
     from rldock.runtime.data.generators import column_names, write_rows
 
     if args.tool_demonstrations is not None:

@@ -9,10 +9,10 @@ import pytest
 
 from rldock.config.data import DataSpec
 from rldock.runtime.agent.examples.cabinet import Cabinet, build_cabinet
+from rldock.runtime.agent.examples.cabinet_tasks import generate_cabinet
 from rldock.runtime.agent.interfaces import EpisodeContext, Observation
 from rldock.runtime.cli import main
 from rldock.runtime.data import columns_of, load_rows
-from rldock.runtime.data.cabinet_tasks import generate_cabinet
 
 
 def test_rows_are_a_pure_function_of_the_seed():

@@ -1,5 +1,5 @@
-"""The `cabinet` rows: tasks of the cabinet environment (rldock.runtime.agent.examples.cabinet), each
-solved over several turns in its demonstration.
+"""The `cabinet` rows: tasks of the cabinet environment (cabinet.py beside this), each solved over several
+turns in its demonstration.
 
 A row is the task's prompt (what the model may run, then the question), its answer (a 4-digit code),
 `extra_info` with what the environment rebuilds the task's files from (`task_seed`, `num_files`,
@@ -9,8 +9,8 @@ so the warm-up shows the model exactly what a rollout will show it. Rows are a p
 seed; the validation rows' task seeds are none of the train rows'.
 
 This is not a `data.generator`: its rows are only useful with their environment
-(`agent.environment`), so they are written as files for `data.train_files` by
-`rldock data generate cabinet`.
+(`agent.environment`), so they live beside it and are written as files for `data.train_files` by
+`rldock data generate cabinet` (data/ never imports agent/: tests/unit/test_import_layers.py).
 """
 
 from __future__ import annotations
