@@ -91,20 +91,25 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _one_process(passes: str, dp: int) -> dict:
-    """Every data-parallel rank's micro-batches one after another through the whole model."""
-    model = cp_moe_model()
-    by_dp_rank = []
-    for dp_rank in range(dp):
+def _one_process(passes: str) -> list[dict]:
+    """Each data-parallel rank's micro-batches one after another through the whole model: its metrics summed
+    over them, and its gradients."""
+    model, by_dp_rank = cp_moe_model(), []
+    for dp_rank in range(2):
         micro_loss, total = _micro_loss(model, model, passes, dp=1), {"loss": 0.0, "moe/aux_loss": 0.0}
+        model.zero_grad()
         for micro in _micro_batches(dp_rank):
             loss, metrics = micro_loss(micro)
             loss.backward()
             total = {key: total[key] + metrics[key] for key in total}
-        by_dp_rank.append(total)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
-    return dict(by_dp_rank=by_dp_rank, grads=grads, norm=norm)
+        by_dp_rank.append(total | {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}})
+    return by_dp_rank
+
+
+def _step_gradients(by_dp_rank: list[dict], dp: int) -> tuple[dict, float]:
+    """The step's gradients over `dp` data-parallel ranks (the sum of their losses') and their norm."""
+    grads = {n: sum(rank["grads"][n] for rank in by_dp_rank[:dp]) for n in by_dp_rank[0]["grads"]}
+    return grads, float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
 
 
 def test_the_router_loss_through_pipeline_stages_is_one_process_s(tmp_path):
@@ -112,19 +117,20 @@ def test_the_router_loss_through_pipeline_stages_is_one_process_s(tmp_path):
     rendezvous = f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
     mp.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    for name, (_, dp) in LAYOUTS_PP.items():
-        for passes in PASSES:
-            expected, case = _one_process(passes, dp), f"{name} {passes}"
+    for passes in PASSES:
+        by_dp_rank = _one_process(passes)
+        for name, (_, dp) in LAYOUTS_PP.items():
+            (grads, norm), case = _step_gradients(by_dp_rank, dp), f"{name} {passes}"
             for got in (r[name, passes] for r in ranks):
-                want = expected["by_dp_rank"][got["dp_rank"]]  # the last stage's metrics, on every stage
+                want = by_dp_rank[got["dp_rank"]]  # the last stage's metrics, on every stage
                 assert want["moe/aux_loss"] > 1.0, case  # k = 2 is perfect balance; each micro-batch's, times 0.5
                 assert got["moe/aux_loss"] == pytest.approx(want["moe/aux_loss"], rel=1e-9), case
                 assert got["loss"] == pytest.approx(want["loss"], rel=1e-9), case
-                assert got["grad_norm"] == pytest.approx(expected["norm"], rel=1e-9), case
+                assert got["grad_norm"] == pytest.approx(norm, rel=1e-9), case
                 for grad_name, grad in got["grads"].items():
                     # the last stage's head is the tied embedding's copy, its gradient the sum of both stages'
                     reference = "model.embed_tokens.weight" if grad_name == "lm_head.weight" else grad_name
-                    torch.testing.assert_close(grad, expected["grads"][reference], **TOL, msg=f"{case} {grad_name}")
+                    torch.testing.assert_close(grad, grads[reference], **TOL, msg=f"{case} {grad_name}")
             # each stage's routers: both layers' gates have gradients, on one stage each
             gates = {n for r in ranks for n in r[name, passes]["grads"] if n.endswith("mlp.gate.weight")}
             assert gates == {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight"}, case
