@@ -171,8 +171,9 @@ class TrainingSpec(Spec):
         "micro-batches per mini-batch, a smaller bubble); the old-logprob pass streams its passes through the "
         "stages. Needs "
         "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size, "
-        "context_parallel_size (each stage's CP ranks split the positions) and, with router_aux_loss_coef 0, "
-        "expert_parallel_size (and routing replay: each stage replays its own layers' routing), and runs DPO's "
+        "context_parallel_size (each stage's CP ranks split the positions) and expert_parallel_size (the "
+        "router's load-balancing loss taken on the last stage from every stage's routing; routing replay: each "
+        "stage replays its own layers' routing), and runs DPO's "
         "preference step and PPO's critic (its value model's update on the same schedule; docs/scaling.md, "
         "section 12).",
     )
