@@ -28,6 +28,10 @@ SMALL = ModelShape(
     intermediate_size=16,
     tie_word_embeddings=True,
 )
+# float32 bytes per token a layer keeps whatever the compute dtype: the two norms' inputs and reciprocal roots,
+# a log-sum-exp per head (planning/activations.py)
+FLOAT32 = 4 * (2 * (8 + 1) + 4)
+FINAL_NORM = 4 * (8 + 1) + 2 * 8 * 4  # per token, once per pass: the final norm's, float32 here
 
 
 def job(**training):
@@ -44,9 +48,9 @@ def test_a_cp_rank_keeps_its_share_of_the_tokens_and_the_whole_mask():
     mask = tokens * tokens  # one boolean byte per pair of the packed pass
     head = 3 * rank_tokens * 10 * 4
     cp2 = activation_bytes(job(micro_batch_size=2, context_parallel_size=2), SMALL)
-    assert cp2 == 2 * rank_tokens * (per_token + kernel_output) * 4 + mask + head
+    assert cp2 == 2 * rank_tokens * ((per_token + kernel_output) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + head
     cp1 = activation_bytes(job(micro_batch_size=2), SMALL)
-    assert cp1 == 2 * tokens * per_token * 4 + 3 * tokens * 10 * 4
+    assert cp1 == 2 * tokens * (per_token * 4 + FLOAT32) + tokens * FINAL_NORM + 3 * tokens * 10 * 4
 
 
 def test_fsdp_shards_the_training_state_over_dp_x_cp_ranks():
@@ -104,7 +108,7 @@ def test_a_ring_rank_keeps_its_own_heads_and_the_float32_merge():
     per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16
     merged = (4 * 2 + 4) * 4 // 4  # float32 output and log-sum-exps, in 4-byte elements
     ring = activation_bytes(job(micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring"), SMALL)
-    assert ring == 2 * rank_tokens * (per_token + merged) * 4 + mask + head
+    assert ring == 2 * rank_tokens * ((per_token + merged) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + head
 
 
 def test_ring_bytes_of_an_update_step_by_hand():

@@ -22,6 +22,7 @@ from rldock.runtime.planning.memory import (
     fsdp_gathered_bytes,
     fsdp_whole_gradient_bytes,
     head_chunk_bytes,
+    micro_batch_tokens,
     plan_critic,
     training_state_bytes,
 )
@@ -41,6 +42,14 @@ SMALL = ModelShape(
     intermediate_size=16,
     tie_word_embeddings=True,
 )
+# What a layer of SMALL keeps in float32 per token whatever the compute dtype: its two RMSNorms' float32 inputs and
+# reciprocal roots (2 x (h + 1)) and a log-sum-exp per head (planning/activations.py)
+FLOAT32_PER_TOKEN = 4 * (2 * (8 + 1) + 2)
+# the final norm's, once per pass on the last stage: its float32 input and root, two h-wide tensors of `element` bytes
+
+
+def final_norm(tokens: int, element: int = 4) -> int:
+    return tokens * (4 * (8 + 1) + 2 * 8 * element)
 
 
 def job(**training) -> object:
@@ -128,18 +137,20 @@ def test_under_fsdp_x_tp_a_rank_holds_and_gathers_its_tp_slice_of_the_linears_an
 def test_activations_follow_the_stated_formula():
     cfg = job(micro_batch_size=2)
     tokens = 2 * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
-    per_layer = tokens * (4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4
+    per_layer = tokens * ((4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4 + FLOAT32_PER_TOKEN)
     logits = 3 * tokens * 10 * 4  # the head's chunk: every token of this pass, V = 10
-    assert activation_bytes(cfg, SMALL) == 2 * per_layer + logits
+    assert activation_bytes(cfg, SMALL) == 2 * per_layer + final_norm(tokens) + logits
     checkpointed = job(micro_batch_size=2, gradient_checkpointing=True)
-    assert activation_bytes(checkpointed, SMALL) == 2 * tokens * 8 * 4 + per_layer + logits
+    assert activation_bytes(checkpointed, SMALL) == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + logits
 
 
 def test_bf16_compute_halves_activation_elements():
     fp32 = activation_bytes(job(strategy="fsdp"), SMALL)
     bf16 = activation_bytes(job(strategy="fsdp", mixed_precision="bf16"), SMALL)
-    logits = head_chunk_bytes(job(), SMALL)  # float32 whatever the compute dtype
-    assert bf16 - logits == (fp32 - logits) // 2
+    tokens = micro_batch_tokens(job())
+    # float32 whatever the compute dtype: the head's chunk, and the norms' inputs and the log-sum-exps
+    kept_float32 = head_chunk_bytes(job(), SMALL) + 2 * tokens * FLOAT32_PER_TOKEN + tokens * 4 * (8 + 1)
+    assert bf16 - kept_float32 == (fp32 - kept_float32) // 2
 
 
 def test_each_stage_computes_in_its_own_dtype():
@@ -329,8 +340,9 @@ def test_a_critic_rank_holds_a_full_replica_and_its_activations():
     critic = plan_memory(cfg, SMALL, device_memory=64 * GIB).critic
     params = critic_params(SMALL) * 4
     tokens = 2 * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
-    per_layer = tokens * (4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4  # as the actor's, at TP 1
-    assert critic.update == PhaseBytes(params, params, 2 * params, activations=2 * per_layer + tokens * 4)
+    per_layer = tokens * ((4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4 + FLOAT32_PER_TOKEN)  # as the actor's, at TP 1
+    activations = 2 * per_layer + final_norm(tokens) + tokens * 4  # the layers', the final norm's, the values
+    assert critic.update == PhaseBytes(params, params, 2 * params, activations=activations)
     assert critic.generation == PhaseBytes(params, params, 2 * params)  # never swapped
     assert plan_memory(job(), SMALL, device_memory=64 * GIB).critic is None  # GRPO has none
 
@@ -410,15 +422,17 @@ def test_gradient_checkpointing_and_mixed_precision_shrink_an_fsdp_critics_activ
     ).critic.update
     tokens = 2 * (8 + 6)  # micro_batch_size x (max_prompt_length + max_response_length)
     values = tokens * 4
-    assert bf16.activations - values == (plain.activations - values) // 2
+    # the values, the norms' float32 inputs and roots (the final norm's too), the log-sum-exps
+    kept_float32 = values + 2 * tokens * FLOAT32_PER_TOKEN + tokens * 4 * (8 + 1)
+    assert bf16.activations - kept_float32 == (plain.activations - kept_float32) // 2
     assert bf16.fsdp_gathered == plain.fsdp_gathered // 2 and bf16.params == plain.params  # float32 masters
     checkpointed = plan_memory(
         ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", gradient_checkpointing=True),
         SMALL,
         device_memory=64 * GIB,
     ).critic.update
-    per_layer = (plain.activations - values) // 2
-    assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + values
+    per_layer = (plain.activations - values - final_norm(tokens)) // 2
+    assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + values
 
 
 def test_a_7b_critic_fits_a_64gb_device_once_sharded():

@@ -13,6 +13,7 @@ from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
 from rldock.runtime.planning.memory import (
     GIB,
     activation_bytes,
+    final_norm_bytes,
     fsdp_gathered_bytes,
     head_chunk_bytes,
     stage_activation_bytes,
@@ -105,17 +106,18 @@ def test_a_stage_gathers_one_vocabulary_matrix_as_its_root():
 )
 def test_stage_0_holds_min_p_m_micro_batches_of_its_layers(stages, micro_batch_size, micro_batches):
     """Without checkpointing and CP (no mask), stage 0's activations are min(p, m) x its layer share of one
-    micro-batch's decoder activations at p = 1 (the whole figure less the LM head's chunk, which is the
-    last stage's)."""
+    micro-batch's decoder activations at p = 1 (the whole figure less the final norm's and the LM head's
+    chunk, which are the last stage's)."""
     flat = job(micro_batch_size=micro_batch_size)
     piped = job(micro_batch_size=micro_batch_size, pipeline_parallel_size=stages)
     assert update_micro_batches(piped) == micro_batches
-    one_micro_batch = activation_bytes(flat, UNTIED) - head_chunk_bytes(flat, UNTIED)
+    last_only = final_norm_bytes(flat, UNTIED, element=4) + head_chunk_bytes(flat, UNTIED)
+    one_micro_batch = activation_bytes(flat, UNTIED) - last_only
     layers = stage_layer_counts(UNTIED.num_layers, stages)[0]  # every stage's here: 4 layers split evenly
     share_of_one = layers * one_micro_batch // UNTIED.num_layers
     assert stage_activation_bytes(piped, UNTIED, 0) == min(stages, micro_batches) * share_of_one
-    # the last stage holds one micro-batch of its layers, and the head's chunk
-    assert stage_activation_bytes(piped, UNTIED, stages - 1) == share_of_one + head_chunk_bytes(flat, UNTIED)
+    # the last stage holds one micro-batch of its layers, the final norm's and the head's chunk
+    assert stage_activation_bytes(piped, UNTIED, stages - 1) == share_of_one + last_only
     fullest = max(stage_activation_bytes(piped, UNTIED, s) for s in range(stages))
     assert activation_bytes(piped, UNTIED) == fullest == plan_memory(piped, UNTIED).update.activations
 
@@ -125,7 +127,8 @@ def test_checkpointed_stages_keep_each_held_micro_batchs_layer_inputs_and_recomp
     piped = job(micro_batch_size=8, gradient_checkpointing=True, pipeline_parallel_size=2)
     tokens, element = 8 * 14, 4
     inputs = UNTIED.num_layers * tokens * UNTIED.hidden_size * element  # every layer's input, one micro-batch
-    recomputed = activation_bytes(flat, UNTIED) - head_chunk_bytes(flat, UNTIED) - inputs
+    last_only = final_norm_bytes(flat, UNTIED, element=element) + head_chunk_bytes(flat, UNTIED)
+    recomputed = activation_bytes(flat, UNTIED) - last_only - inputs
     assert stage_activation_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed  # 2 held, half the layers
 
 

@@ -41,7 +41,17 @@ def _layer_activation_bytes(
         + _dispatch_width(shape)
         + saved_width(shape, mode=mode, cp=cp, element=element)
     )
-    return tokens_per_rank(tokens, cp) * per_token * element
+    return tokens_per_rank(tokens, cp) * (per_token * element + _float32_bytes_per_token(shape, tp=tp))
+
+
+def _float32_bytes_per_token(shape: ModelShape, *, tp: int) -> int:
+    """What a layer keeps in float32 whatever the compute dtype: each of its two RMSNorms computes in float32
+    (Hugging Face's Llama, Qwen2 and Qwen3 norms) and keeps its input as float32 (h) and its reciprocal
+    root mean square (1) for the backward, and the attention kernel keeps a log-sum-exp per head (TP's heads).
+    Measured with saved-tensor hooks on a Qwen2 layer (h 256, 8 heads): these and the compute-dtype terms
+    above are every byte autograd keeps of the layer, in float32 and in bfloat16 alike, but the rotary
+    embedding's cos and sin, which all layers share (docs/scaling.md, section 12)."""
+    return 4 * (2 * (shape.hidden_size + 1) + shape.num_heads // tp)
 
 
 def micro_batch_tokens(cfg: JobConfig) -> int:
@@ -90,7 +100,16 @@ def stage_activation_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int
     layers = stage_layer_counts(shape.num_layers, stages)[stage]
     element, tp = compute_element_bytes(cfg), training.tensor_parallel_size
     decoder = decoder_activation_bytes(cfg, shape, element=element, tp=tp, layers=layers, held=held)
-    return decoder + (head_chunk_bytes(cfg, shape) if stage == stages - 1 else 0)
+    last = stage == stages - 1
+    return decoder + ((final_norm_bytes(cfg, shape, element=element) + head_chunk_bytes(cfg, shape)) if last else 0)
+
+
+def final_norm_bytes(cfg: JobConfig, shape: ModelShape, *, element: int) -> int:
+    """What the final RMSNorm before the LM head keeps for a pass, as a layer's norms do
+    (`_float32_bytes_per_token`): its float32 input and reciprocal root, its normalised product and weighted
+    output in the compute dtype."""
+    tokens = tokens_per_rank(micro_batch_tokens(cfg), cfg.training.context_parallel_size)
+    return tokens * (4 * (shape.hidden_size + 1) + 2 * shape.hidden_size * element)
 
 
 def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:

@@ -26,9 +26,13 @@ dtypes.py) and put together here:
   per rank are the same 1/dp either way (experts over ep x dp/ep ranks, the rest over dp).
 - activations (an estimate) for one micro-batch of b = training.micro_batch_size sequences of
   s = max_prompt_length + max_response_length tokens, e bytes per compute element: per layer the
-  tensors autograd keeps, b*s*(4h + (n_q + 2 n_kv) d + n_q d + 4 I) x e (two norm inputs and
-  outputs, q/k/v, the attention output, the MLP's gate, up, activation and product; attention
-  scores not kept, as with fused/flash attention), times L layers; with
+  tensors autograd keeps, b*s*(4h + (n_q + 2 n_kv) d + n_q d + 4 I) x e (each of the two norms'
+  normalised product and weighted output, q/k/v, the attention output, the MLP's gate, up, activation
+  and product; attention scores not kept, as with fused/flash attention) plus b*s*(8(h + 1) + 4 n_q)
+  bytes kept in float32 whatever e (each norm computes in float32 and keeps its input and reciprocal
+  root; the attention kernel a log-sum-exp per head), times L layers: every byte saved-tensor hooks
+  count on a Qwen2 layer but the rotary cos and sin all layers share, in float32 and bfloat16 alike
+  (docs/scaling.md, section 12); with
   training.gradient_checkpointing only each layer's input b*s*h x e is kept, plus one layer's
   full set while it is recomputed. An MoE layer's MLP terms count the k experts a token runs
   (4 k I_moe) and its dispatch 2 k h (the token's k copies and the k outputs). With
@@ -99,6 +103,7 @@ from rldock.runtime.planning.activations import (
     LOGIT_CHUNK_BYTES,
     activation_bytes,
     decoder_activation_bytes,
+    final_norm_bytes,
     head_chunk_bytes,
     micro_batch_tokens,
     stage_activation_bytes,
@@ -149,6 +154,7 @@ __all__ = [
     "critic_is_sharded",
     "critic_params",
     "engine_dtype",
+    "final_norm_bytes",
     "fsdp_gathered_bytes",
     "fsdp_shard_ranks",
     "fsdp_whole_gradient_bytes",
@@ -287,10 +293,12 @@ def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside:
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     params = critic_stage_params(shape, stage=stage, stages=stages) * param_bytes
     values = micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
+    last = stage == stages - 1  # the final norm and the value head
     held = micro_batches_held(stage=stage, stages=stages, micro_batches=max(1, update_micro_batches(cfg)))
     layers = stage_layer_counts(shape.num_layers, stages)[stage]
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
         activations = decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
+        activations += final_norm_bytes(cfg, shape, element=param_bytes) if last else 0
         state = (params, params, 2 * params)  # params, grads, AdamW's two moments
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
@@ -298,6 +306,7 @@ def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside:
     dp = fsdp_shard_ranks(cfg)  # FSDP over DP x CP ranks (a replica's under HSDP; a stage's under PP)
     element = compute_element_bytes(cfg)
     activations = decoder_activation_bytes(cfg, shape, element=element, tp=1, layers=layers, held=held) + values
+    activations += final_norm_bytes(cfg, shape, element=element) if last else 0
     embedding = shape.vocab_size * shape.hidden_size if stage == 0 else 0  # the root's, on the first stage
     gathered = (2 * shape.layer_params + embedding) * element
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
