@@ -346,7 +346,7 @@ def test_a_captured_harness_request_that_is_missing_or_does_not_parse_names_the_
     assert failure is not None
     (problem,) = failure.problems
     assert problem.field == "agent.harness_request" and says in problem.message
-    if text is not None:  # how to write a good one
-        assert failure.reason is FailureReason.INVALID_JOB_INPUT and "rldock agent capture" in problem.message
+    assert "rldock agent capture" in problem.message  # how to write one
+    assert failure.reason is (FailureReason.PATH_NOT_FOUND if text is None else FailureReason.INVALID_JOB_INPUT)
     request.write_text('{"tools": [], "messages": [{"role": "system", "content": "Use the tool."}]}')
     assert preflight(cfg) is None

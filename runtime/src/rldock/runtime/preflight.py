@@ -27,6 +27,7 @@ from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.agent.service.env_probe import environment_server_problems
 from rldock.runtime.chat.harness_request import FIELD as HARNESS_REQUEST
+from rldock.runtime.chat.harness_request import FIX as HARNESS_REQUEST_FIX
 from rldock.runtime.chat.harness_request import HarnessRequestError, read_harness_request
 from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.prompt_lengths import prompt_set_problems
@@ -55,6 +56,7 @@ class PathCheck:
     field: str  # the field path; `{i}` is replaced by the index for list fields
     paths: Callable[[JobConfig], Paths]
     kind: PathKind
+    missing: str = MOUNT_HINT  # what to do when the path does not exist
 
 
 CHECKS: tuple[PathCheck, ...] = (
@@ -101,6 +103,7 @@ CHECKS: tuple[PathCheck, ...] = (
         "agent.harness_request",
         lambda cfg: cfg.agent.harness_request if cfg.agent is not None else None,
         PathKind.FILE,
+        missing=f"{HARNESS_REQUEST_FIX}, or {MOUNT_HINT}",
     ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
     PathCheck("reward.terms[{i}].path", lambda cfg: [term.path for term in cfg.reward.terms], PathKind.MODEL_DIR),
@@ -177,16 +180,17 @@ def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) 
         )
         for field, path in named:
             if path is not None:
-                message = path_problem(Path(path), check.kind)
+                message = path_problem(Path(path), check.kind, missing=check.missing)
                 if message is not None:
                     problems.append(Problem(field, f"{path} {message}"))
     return problems
 
 
-def path_problem(path: Path, kind: PathKind) -> str | None:
-    """What is wrong with `path` for `kind` (to follow the path in a message), or None."""
+def path_problem(path: Path, kind: PathKind, *, missing: str = MOUNT_HINT) -> str | None:
+    """What is wrong with `path` for `kind` (to follow the path in a message), or None; `missing` is the fix
+    of a path that does not exist."""
     if not path.exists():
-        return f"does not exist (nearest existing folder: {_nearest_existing(path)}); {MOUNT_HINT}"
+        return f"does not exist (nearest existing folder: {_nearest_existing(path)}); {missing}"
     want_dir = kind is not PathKind.FILE
     if want_dir and not path.is_dir():
         return "is not a directory"
