@@ -148,3 +148,20 @@ def test_the_summary_line_compares_ends_that_never_overlap(rewards, window, firs
     summary = run_summary(records, output="runs/x")
     assert summary["window"] == window and summary["metric"] == "reward_mean"
     assert summary["reward_first5"] == pytest.approx(first) and summary["reward_last5"] == pytest.approx(last)
+
+
+def test_agent_capture_refuses_a_job_without_a_harness_or_a_file_to_write(tmp_path, capsys):
+    assert main(["agent", "capture", str(EXAMPLE), "--output", str(tmp_path / "request.json")]) == 2
+    assert "the job runs no harness" in capsys.readouterr().err
+    (tmp_path / "agent.py").write_text("async def run(task, client):\n    return 1.0\n")
+    harness = [
+        "--set",
+        "data.chat_template=model",
+        "--set",
+        f"agent={{harness: '{tmp_path}/agent.py:run'}}",
+        "--set",
+        "reward.terms=[{name: environment}]",
+    ]
+    assert main(["agent", "capture", str(EXAMPLE), *harness]) == 2  # no agent.harness_request, no --output
+    assert "--output: the config names no agent.harness_request" in capsys.readouterr().err
+    assert not (tmp_path / "request.json").exists()

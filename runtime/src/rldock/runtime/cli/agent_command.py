@@ -41,8 +41,8 @@ def run_capture(args: argparse.Namespace) -> int:
     from rldock.runtime.cli.job_commands import checked_config
 
     named = _named_file(args)
-    # The file this writes is the one the config may name: it need not exist yet.
-    args.overrides = [*args.overrides, ("agent.harness_request", None)]
+    if named is not None:  # the file this writes is the one the config names: it need not exist yet
+        args.overrides = [*args.overrides, ("agent.harness_request", None)]
     cfg = checked_config(args, check_paths=True, output=None, machine=False)
     if isinstance(cfg, int):
         return cfg
