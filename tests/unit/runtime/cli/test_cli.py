@@ -1,5 +1,6 @@
 """The command line reports config problems with the field path and exit code 2."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,28 @@ def test_agent_capture_refuses_a_job_without_a_harness_or_a_file_to_write(tmp_pa
     assert main(["agent", "capture", str(EXAMPLE), *harness]) == 2  # no agent.harness_request, no --output
     assert "--output: the config names no agent.harness_request" in capsys.readouterr().err
     assert not (tmp_path / "request.json").exists()
+
+
+CAPTURED_HARNESS = """
+async def run(task, client):
+    tools = [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {}}}]
+    messages = [{"role": "system", "content": "Add."}, {"role": "user", "content": task["prompt"]}]
+    await client.chat.completions.create(model="mine", messages=messages, tools=tools)
+    return 1.0
+"""
+
+
+def test_agent_capture_writes_the_first_requests_tools_and_system_messages(tmp_path, capsys):
+    (tmp_path / "agent.py").write_text(CAPTURED_HARNESS)
+    request = tmp_path / "request.json"
+    job = ["data.chat_template=model", f"model.path={tmp_path / 'model'}", "algorithm.max_prompt_length=64"]
+    job += [f"agent={{harness: '{tmp_path}/agent.py:run', harness_request: '{request}'}}"]
+    job += ["reward.terms=[{name: environment}]", "algorithm.max_response_length=16"]
+    argv = ["agent", "capture", str(EXAMPLE), *(word for override in job for word in ("--set", override))]
+    assert main(argv) == 0  # the tiny model built first, as the job builds it; the file the config names
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["prompt_ids_equal"] and summary["tools"] == ["add"] and summary["ended"] == "harness_done"
+    assert json.loads(request.read_text()) == {
+        "tools": [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": {}}}],
+        "messages": [{"role": "system", "content": "Add."}],
+    }

@@ -56,7 +56,7 @@ def run_capture(args: argparse.Namespace) -> int:
         )
         return 2
     from rldock.runtime.chat.harness_request import HarnessRequestError
-    from rldock.runtime.driver.inputs import load_prompt_set
+    from rldock.runtime.driver.inputs import load_prompt_set, prepare_base_model
     from rldock.runtime.gateway.capture import capture_first_request
     from rldock.runtime.models.loading import load_tokenizer
     from rldock.runtime.rollout.harness import task_of
@@ -69,7 +69,11 @@ def run_capture(args: argparse.Namespace) -> int:
     row = rows[args.row]
     try:
         capture = capture_first_request(
-            cfg, tokenizer=load_tokenizer(cfg.model.path), task=task_of(row, args.row), prompt=row.prompt
+            # the job's tokenizer: a model.builder's tiny model is built first, as the job builds it
+            cfg,
+            tokenizer=load_tokenizer(prepare_base_model(cfg, rows)),
+            task=task_of(row, args.row),
+            prompt=row.prompt,
         )
     except HarnessRequestError as error:
         print(f"error: {error}", file=sys.stderr)
