@@ -348,7 +348,7 @@ def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: st
 
     resumed = _critic(policy_dir, rank=rank, world_size=WORLD, banks=RankShareDock(second, rank))
     resumed.join_group(Rendezvous("127.0.0.1", ports[1]))
-    resumed.load(out_dir)
+    resumed.restore(str(out_dir))
     loaded = resumed.backend.full_weights()
     again = resumed.update(StageCall(2))
     torch.save(  # stage results as plain dicts: the test loads with torch.load's weights_only default
