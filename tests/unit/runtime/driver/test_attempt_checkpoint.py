@@ -132,11 +132,18 @@ def test_a_resume_hands_each_rank_its_own_state_back(attempt_and_log, tmp_path):
     ]
 
 
-def test_a_checkpoint_without_a_group_s_files_is_refused_naming_them(attempt_and_log, tmp_path):
+def test_a_checkpoint_without_a_group_s_files_is_refused_naming_them_before_any_device_is_reserved(
+    attempt_and_log, tmp_path, monkeypatch
+):
     attempt, log = attempt_and_log
     attempt.save(tmp_path)
     log.clear()
-    checkpoint = _checkpoint(tmp_path, files=("policy", "optimizer.pt", "toy.pt"))  # a GRPO run's, say
+    attempt.resume_from = _checkpoint(tmp_path, files=("policy", "optimizer.pt", "toy.pt"))  # a GRPO run's, say
+
+    def reserve(*args):
+        raise AssertionError("devices reserved before the checkpoint was checked")
+
+    monkeypatch.setattr(attempt_module.cluster, "job_placement", reserve)
     with pytest.raises(CheckpointMismatch, match="holds no critic.pt, critic_optimizer.pt, which the job's critic"):
-        attempt.restore(checkpoint)
-    assert log == []  # nothing restored before the check
+        attempt._start()
+    assert log == []  # nothing restored

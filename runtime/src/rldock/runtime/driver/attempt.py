@@ -139,6 +139,8 @@ class Attempt:
 
     def _start(self) -> None:
         cfg, recipe = self.cfg, self.inputs.recipe
+        if self.resume_from is not None:  # before any device is reserved or worker started
+            self._check_resumable(self.resume_from)
         # The devices before the dock: after a lost worker pod, Ray has the replacement node only
         # once this reservation is ready, and the dock's warehouses go on the worker nodes alive
         # when it starts (the head alone would get them).
@@ -248,11 +250,9 @@ class Attempt:
                 rank_states[kept.rank_states] = states
         torch.save(rank_states, staging / RANK_STATES_FILE)
 
-    def restore(self, checkpoint: Checkpoint) -> None:
-        """Every worker group's part of `checkpoint` into the workers just created, group after group (the
-        policy itself the actor ranks loaded as they started: WorkerContext.policy_dir)."""
-        workers, checkpointed = self.started(), self._checkpointed()
-        for group, kept in checkpointed:
+    def _check_resumable(self, checkpoint: Checkpoint) -> None:
+        """CheckpointMismatch when `checkpoint` lacks a file a worker group of this job restores from."""
+        for group, kept in self._checkpointed():
             missing = [name for name in kept.files if not (checkpoint.path / name).exists()]
             if missing:
                 raise CheckpointMismatch(
@@ -260,6 +260,11 @@ class Attempt:
                     "resume from: was it written by a job of another algorithm? Resume it with that job's "
                     "config, or start this job in another --output"
                 )
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Every worker group's part of `checkpoint` into the workers just created, group after group (the
+        policy itself the actor ranks loaded as they started: WorkerContext.policy_dir)."""
+        workers, checkpointed = self.started(), self._checkpointed()
         rank_states = torch.load(checkpoint.path / RANK_STATES_FILE)
         for group, kept in checkpointed:
             states = rank_states[kept.rank_states] if kept.rank_states is not None else None
