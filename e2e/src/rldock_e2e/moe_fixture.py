@@ -1,8 +1,8 @@
 """A tiny float64 Qwen3-MoE, its batch and its token logprobs: what the expert-parallel tests compare
-across ranks and one process (tests/integration/test_expert_parallel_ranks.py on gloo ranks,
+across ranks and one process (tests/ranks/test_expert_parallel_ranks.py on gloo ranks,
 tests/unit/runtime/twin/test_twin_expert_parallel.py on the npu twin); and its scored passes with the
 router's loss and routing replay, what the CP x EP tests compare
-(tests/integration/test_context_expert_parallel_ranks.py, test_twin_context_expert_parallel.py). Never shipped."""
+(tests/ranks/test_context_expert_parallel_ranks.py, test_twin_context_expert_parallel.py). Never shipped."""
 
 from __future__ import annotations
 

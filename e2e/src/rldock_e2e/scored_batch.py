@@ -1,6 +1,6 @@
 """A small batch of prompts and responses laid out as the dock holds them, and the layouts a policy
 pass runs it in: what the context-parallel rank tests score on every rank and in one process
-(tests/integration/test_context_parallel_ranks.py, test_context_expert_parallel_ranks.py). Never shipped."""
+(tests/ranks/test_context_parallel_ranks.py, test_context_expert_parallel_ranks.py). Never shipped."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_cp_ranks_exchange_the_planned_bytes_and_hold_the_planned_share(by_cp):
 
 
 def test_every_cp_size_computes_the_same_loss(by_cp):
-    """In float64, as tests/integration/test_context_parallel_ranks.py compares: the CP sizes sum the
+    """In float64, as tests/ranks/test_context_parallel_ranks.py compares: the CP sizes sum the
     same terms in other orders (other matmul shapes, the all-to-alls), which float32 rounds apart by
     an amount that depends on the CPU's kernels; float64 leaves that ~1e-12 of a loss near 8."""
     losses = {cp: jobs[1]["loss"] for cp, jobs in by_cp.items()}

@@ -50,7 +50,7 @@ def test_reference_needs_an_old_logprob_pass(change, expected):
 
 
 def test_reference_with_context_parallelism_is_valid():
-    """Each CP rank records and replays its own tokens (tests/integration/test_context_expert_parallel_ranks.py)."""
+    """Each CP rank records and replays its own tokens (tests/ranks/test_context_expert_parallel_ranks.py)."""
     data = _replaying()
     data["training"].update(strategy="fsdp", context_parallel_size=2)
     assert parse_job_config(data).algorithm.routing_replay == "reference"

@@ -1,7 +1,7 @@
 """Ulysses' single-process parts (engines/ulysses.py): the 4D mask a CP pass gives the model equals
 what Hugging Face builds from the 2D mask on every real token, and the positions added to make the
 sequence divide by cp stay out of every real token's attention. The ranks themselves run in
-tests/integration/test_context_parallel_ranks.py."""
+tests/ranks/test_context_parallel_ranks.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ CP 2 x EP 2 (one data-parallel rank, its CP group also its EP group), exchange h
 tokens (the experts' dispatch) through the twin's host-staged all-to-all, and their float64 logprobs,
 losses (the router's term included) and gradients equal one process's on the host, on a packed batch
 replaying a random routing and a padded one without (the tolerance as in
-tests/integration/test_context_expert_parallel_ranks.py: reassociation only)."""
+tests/ranks/test_context_expert_parallel_ranks.py: reassociation only)."""
 
 from __future__ import annotations
 

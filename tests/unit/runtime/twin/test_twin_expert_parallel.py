@@ -1,7 +1,7 @@
 """Expert parallelism on the npu twin: two processes on npu:0 / npu:1 dispatch tokens to each other's
 experts through the twin's host-staged all-to-all, and their float64 logprobs and gradients equal one
 process's on the host over the whole batch (the tolerance as in
-tests/integration/test_expert_parallel_ranks.py: reassociation only)."""
+tests/ranks/test_expert_parallel_ranks.py: reassociation only)."""
 
 from __future__ import annotations
 

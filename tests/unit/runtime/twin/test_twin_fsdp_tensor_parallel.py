@@ -2,7 +2,7 @@
 pair and sharded again over the data-parallel pair (2-D DTensors whose collectives run over the twin's
 host-staged `hccl_twin`, the TP plan's scatter included), give one process's float64 logprobs, gradients
 and gradient norm over the whole batch (reassociation only, as in
-tests/integration/test_fsdp_tensor_parallel_ranks.py; 1e-9 holds on any CPU, a missed per-head sum over TP
+tests/ranks/test_fsdp_tensor_parallel_ranks.py; 1e-9 holds on any CPU, a missed per-head sum over TP
 or a TP shard counted twice does not)."""
 
 from __future__ import annotations

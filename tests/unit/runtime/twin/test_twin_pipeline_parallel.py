@@ -2,7 +2,7 @@
 their gradients cross the twin's host-staged `hccl_twin` sends and receives (batched with each other in the
 1F1B schedule's steady state, as on HCCL), give one process's float64 logprobs (on the last stage), loss,
 gradients and gradient norm over 4 micro-batches (reassociation only, as in
-tests/integration/test_pipeline_parallel_ranks.py: 1e-9 holds on any CPU; a stage that ran the wrong
+tests/ranks/test_pipeline_parallel_ranks.py: 1e-9 holds on any CPU; a stage that ran the wrong
 layers or a lost activation gradient does not)."""
 
 from __future__ import annotations

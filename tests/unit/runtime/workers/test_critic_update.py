@@ -118,7 +118,7 @@ def _adamw(params) -> torch.optim.Optimizer:
     """The critic's AdamW with an eps at which the first step is well conditioned in the gradient:
     with the usual 1e-8 a gradient element near 0 moves its weight by up to lr / eps times its
     rounding error, and the critic's two micro-batches round differently from one whole batch (one
-    weight in 10^4 off by 1e-6 here). tests/integration/test_fsdp_ranks.py's `_adamw` says more."""
+    weight in 10^4 off by 1e-6 here). tests/ranks/test_fsdp_ranks.py's `_adamw` says more."""
     return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, eps=ADAM_EPS)
 
 

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 BATCHES = [torch.arange(0, 4), torch.arange(4, 6), torch.arange(6, 9)]  # dock indices of three batches
 

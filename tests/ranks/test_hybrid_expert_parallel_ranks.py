@@ -26,7 +26,7 @@ from rldock.runtime.planning.training_state import training_state_bytes
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 WORLD, REPLICAS, EP = 4, 2, 2

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from rldock_e2e.moe_fixture import ROUTER_COEF, cp_batch, cp_moe_model, ep_job_config, whole_gradients
 from rldock_e2e.scored_batch import LAYOUTS
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD = 4
 TOL = dict(rtol=1e-9, atol=1e-12)

@@ -24,7 +24,7 @@ from test_fsdp_ranks import _adamw, _cfg
 
 from rldock_e2e.scored_batch import LAYOUTS
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD, DP, CP, REPLICAS = 8, 4, 2, 2
 WEIGHT = "model.layers.0.self_attn.q_proj.weight"

@@ -28,7 +28,7 @@ from test_fsdp_ranks import _adamw, _cfg
 
 from rldock_e2e.scored_batch import LAYOUTS, scored_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD, CP, TP = 4, 2, 2
 TOLERANCE = dict(rtol=1e-9, atol=1e-11)

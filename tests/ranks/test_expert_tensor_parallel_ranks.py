@@ -34,7 +34,7 @@ from rldock_e2e.moe_fixture import (
 )
 from rldock_e2e.moe_fixture import moe_model as _moe_model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD, DP, TP, EP = 4, 2, 2, 2
 TOL = dict(rtol=1e-9, atol=1e-12)

@@ -13,7 +13,7 @@ into stages, and in each layout below, on the same batch:
 
 Layouts: PP 4 (one layer a stage: two middle stages), PP 2 x FSDP 2 (each stage sharded over its data-parallel
 pair, each pair its own half of the rows) and PP 2 x CP 2 (each stage's CP pair splits every sequence's
-positions). Float64 throughout, as tests/integration/test_pipeline_parallel_ranks.py explains: 1e-9 holds for
+positions). Float64 throughout, as tests/ranks/test_pipeline_parallel_ranks.py explains: 1e-9 holds for
 a layout that computes the same sums in another order, while a wrong stage is off by far more.
 """
 
@@ -30,7 +30,7 @@ from test_pipeline_parallel_ranks import TINY, TOLERANCE, _assert_one_process_gr
 
 from rldock_e2e.scored_batch import scored_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD = 4
 LAYOUTS_PP = {

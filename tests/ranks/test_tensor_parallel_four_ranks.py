@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.integration  # four processes on the shared 2-core machine
+pytestmark = pytest.mark.ranks
 
 WORLD = 4
 ARCHITECTURES = ("llama", "qwen2", "qwen3")

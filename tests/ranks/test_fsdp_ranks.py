@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from dock_double_base import PutThenGet  # tests/dock_double_base.py
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 TINY = dict(
     vocab_size=64,

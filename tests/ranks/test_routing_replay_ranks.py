@@ -2,7 +2,7 @@
 (FSDP 2, EP 2) replaying a recorded routing after the routers moved give the single process's replayed
 logprobs, loss and gradients, so the all-to-all dispatch follows the replayed experts.
 
-Tolerance as tests/integration/test_expert_parallel_ranks.py's: float64, the ranks and one process run the
+Tolerance as tests/ranks/test_expert_parallel_ranks.py's: float64, the ranks and one process run the
 same operations grouped differently (reassociation only), rtol 1e-9. The replayed experts are integers
 from one record, so no routing can flip between them."""
 
@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 WORLD = 2

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_fsdp_ranks import RecordingEngine, _adamw, _cfg, _free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD, DP, TP = 4, 2, 2
 ROWS_PER_DP_RANK = 2

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from rldock_e2e.scored_batch import LAYOUTS, scored_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 TINY = dict(
     vocab_size=48,

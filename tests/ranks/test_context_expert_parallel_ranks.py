@@ -10,7 +10,7 @@ tokens' experts changes the logprobs. The load-balancing coefficient is large (0
 weighs in the loss and gradients as much as the logprobs do.
 
 Tolerance: float64 throughout, results differing by reassociation only (sums split over ranks,
-heads, experts), as tests/integration/test_context_parallel_ranks.py and
+heads, experts), as tests/ranks/test_context_parallel_ranks.py and
 test_expert_parallel_ranks.py argue: 1e-9 holds on any CPU and thread count, while a CP rank
 balancing its slice alone, or replaying the wrong tokens' experts, moves results by 1e-3 and more.
 """
@@ -34,7 +34,7 @@ from rldock_e2e.moe_fixture import (
     whole_gradients,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.ranks
 
 WORLD, CP = 4, 2
 EXPERT_PARALLEL_SIZES = (2, 4)  # an EP group is a CP group; an EP group spans both CP groups
