@@ -29,9 +29,13 @@ Measured per rank (rldock_benchmarks.rank_memory; a step after the first, so Ada
 Planned per rank, for a job config of the same update (`update_config`: the layout's sizes, m micro-batches
 of one row per data-parallel rank): `planned_peak_bytes`, the rank's stage's params, gradients and AdamW
 state, FSDP's gathered layers and whole gradients, and the stage's activations (`rank_memory.planned_peak`);
-`planned_saved_bytes`, the stage's activations less the LM head's chunk; `planned_state_bytes`, its params
-and AdamW state (the gradients are the step's). `planned_device_peak_bytes` is `rldock plan`'s one figure
-for every device of the layout (under PP each term's fullest stage).
+`planned_peak_without_backward_bytes`, the same less what a stage before the last holds beside its saved
+activations (its held outputs and a layer's backward working set, planning/activations.py's
+`stage_output_bytes` and `backward_working_bytes`), the planner's figure before it counted them, with
+`peak_over_planned_without_backward`; `planned_saved_bytes`, what autograd keeps on the stage
+(`stage_saved_bytes`); `planned_state_bytes`, its params and AdamW state (the gradients are the step's).
+`planned_device_peak_bytes` is `rldock plan`'s one figure for every device of the layout (under PP each
+term's fullest stage).
 
 `peak_vs_one_rank` against `planned_peak_vs_one_rank` is how a rank's peak falls from one rank's, measured
 and planned; `peak_fall_vs_planned_error` the disagreement (docs/scaling.md, sections 11 and 12).
@@ -189,8 +193,10 @@ def planned(layout: str, stage: int, *, tokens: int, micro_batches: int) -> dict
     from rldock.runtime.planning.memory import (
         head_chunk_bytes,
         plan_memory,
-        stage_activation_bytes,
+        stage_output_bytes,
+        stage_saved_bytes,
         stage_training_state_bytes,
+        stage_working_bytes,
     )
 
     cfg = job_config(layout, tokens=tokens, micro_batches=micro_batches)
@@ -198,10 +204,14 @@ def planned(layout: str, stage: int, *, tokens: int, micro_batches: int) -> dict
     params, _, optimizer = stage_training_state_bytes(cfg, shape, stage)
     last = stage == cfg.training.pipeline_parallel_size - 1
     update = plan_memory(cfg, shape).update
+    peak = planned_peak(cfg, shape, stage=stage)
+    besides = stage_output_bytes(cfg, shape, stage) + stage_working_bytes(cfg, shape, stage)
     return {
         "planned_state_bytes": params + optimizer,
-        "planned_peak_bytes": planned_peak(cfg, shape, stage=stage),
-        "planned_saved_bytes": stage_activation_bytes(cfg, shape, stage) - head_chunk_bytes(cfg, shape) * last,
+        "planned_peak_bytes": peak,
+        # the plan before a stage's held outputs and backward working set were counted (the LM head's chunk alone)
+        "planned_peak_without_backward_bytes": peak - besides + head_chunk_bytes(cfg, shape) * last,
+        "planned_saved_bytes": stage_saved_bytes(cfg, shape, stage),
         "planned_device_peak_bytes": update.training_state
         + update.fsdp_gathered
         + update.fsdp_whole_grads
@@ -233,6 +243,7 @@ def summarize(rows: list[dict], *, tokens: int, micro_batches: int) -> dict:
     base = next((row for row in rows if row["layout"] == BASELINE), None)
     for row in rows:
         row["peak_over_planned"] = row["peak_bytes"] / row["planned_peak_bytes"]
+        row["peak_over_planned_without_backward"] = row["peak_bytes"] / row["planned_peak_without_backward_bytes"]
         row["saved_over_planned"] = row["saved_bytes"] / row["planned_saved_bytes"]
         if base is not None:
             for kind in ("peak", "saved", "state"):

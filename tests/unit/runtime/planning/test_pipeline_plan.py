@@ -13,11 +13,15 @@ from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
 from rldock.runtime.planning.memory import (
     GIB,
     activation_bytes,
+    backward_working_bytes,
     final_norm_bytes,
     fsdp_gathered_bytes,
     head_chunk_bytes,
     stage_activation_bytes,
+    stage_output_bytes,
+    stage_saved_bytes,
     stage_training_state_bytes,
+    stage_working_bytes,
     training_state_bytes,
     update_micro_batches,
 )
@@ -105,9 +109,9 @@ def test_a_stage_gathers_one_vocabulary_matrix_as_its_root():
     [(2, 64, 1), (2, 32, 2), (2, 8, 8), (4, 32, 2), (4, 8, 8)],
 )
 def test_stage_0_holds_min_p_m_micro_batches_of_its_layers(stages, micro_batch_size, micro_batches):
-    """Without checkpointing and CP (no mask), stage 0's activations are min(p, m) x its layer share of one
-    micro-batch's decoder activations at p = 1 (the whole figure less the final norm's and the LM head's
-    chunk, which are the last stage's)."""
+    """Without checkpointing and CP (no mask), what autograd keeps on stage 0 is min(p, m) x its layer share of
+    one micro-batch's decoder activations at p = 1 (the whole figure less the final norm's and the LM head's
+    chunk, which are the last stage's); beside it, its held outputs and a layer's backward working set."""
     flat = job(micro_batch_size=micro_batch_size)
     piped = job(micro_batch_size=micro_batch_size, pipeline_parallel_size=stages)
     assert update_micro_batches(piped) == micro_batches
@@ -115,7 +119,10 @@ def test_stage_0_holds_min_p_m_micro_batches_of_its_layers(stages, micro_batch_s
     one_micro_batch = activation_bytes(flat, UNTIED) - last_only
     layers = stage_layer_counts(UNTIED.num_layers, stages)[0]  # every stage's here: 4 layers split evenly
     share_of_one = layers * one_micro_batch // UNTIED.num_layers
-    assert stage_activation_bytes(piped, UNTIED, 0) == min(stages, micro_batches) * share_of_one
+    held = min(stages, micro_batches)
+    assert stage_saved_bytes(piped, UNTIED, 0) == held * share_of_one
+    besides = stage_output_bytes(piped, UNTIED, 0) + backward_working_bytes(piped, UNTIED, element=4, tp=1)
+    assert stage_activation_bytes(piped, UNTIED, 0) == held * share_of_one + besides
     # the last stage holds one micro-batch of its layers, the final norm's and the head's chunk
     assert stage_activation_bytes(piped, UNTIED, stages - 1) == share_of_one + last_only
     fullest = max(stage_activation_bytes(piped, UNTIED, s) for s in range(stages))
@@ -129,7 +136,32 @@ def test_checkpointed_stages_keep_each_held_micro_batchs_layer_inputs_and_recomp
     inputs = UNTIED.num_layers * tokens * UNTIED.hidden_size * element  # every layer's input, one micro-batch
     last_only = final_norm_bytes(flat, UNTIED, element=element) + head_chunk_bytes(flat, UNTIED)
     recomputed = activation_bytes(flat, UNTIED) - last_only - inputs
-    assert stage_activation_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed  # 2 held, half the layers
+    assert stage_saved_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed  # 2 held, half the layers
+    besides = stage_output_bytes(piped, UNTIED, 0) + stage_working_bytes(piped, UNTIED, 0)
+    assert stage_activation_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed + besides
+
+
+def test_a_stage_before_the_last_keeps_its_outputs_and_a_layers_backward_working_set():
+    """Stage 0 of PP 2 at 8 rows of 14 tokens a micro-batch (112 tokens in float32; 8 micro-batches, 1F1B
+    holding 2 there): the peak measured there (docs/scaling.md, section 12) is in its last layer's MLP backward,
+    where the residual stream's gradient (T, h) and the gradients of the down projection's input, the
+    activation and the up projection (3 x (T, I)) are live and the down projection's input (T, I) is freed."""
+    cfg = job(micro_batch_size=8, pipeline_parallel_size=2)
+    tokens, h, intermediate = 8 * 14, 8, 16
+    assert backward_working_bytes(cfg, UNTIED, element=4, tp=1) == tokens * (h + 3 * intermediate - intermediate) * 4
+    assert backward_working_bytes(cfg, UNTIED, element=4, tp=1) == 17_920
+    # TP splits the MLP's gradients, not the residual stream's; bfloat16 halves every element
+    assert backward_working_bytes(cfg, UNTIED, element=2, tp=2) == tokens * (h + 2 * intermediate // 2) * 2 == 5_376
+    # a CP rank's positions: half of them at CP 2
+    cp = job(micro_batch_size=8, pipeline_parallel_size=2, context_parallel_size=2, data_parallel_size=1)
+    assert backward_working_bytes(cp, UNTIED, element=4, tp=1) == tokens // 2 * (h + 2 * intermediate) * 4 == 8_960
+    # the outputs of the two micro-batches it holds, each (T, h), which the schedule keeps for their backward
+    assert stage_output_bytes(cfg, UNTIED, 0) == 2 * tokens * h * 4 == 7_168
+    assert stage_working_bytes(cfg, UNTIED, 0) == 17_920
+    # the last stage's output is the final norm's input (counted there); its peak is the LM head's chunk
+    assert stage_output_bytes(cfg, UNTIED, 1) == 0
+    assert stage_working_bytes(cfg, UNTIED, 1) == head_chunk_bytes(cfg, UNTIED)
+    assert stage_activation_bytes(cfg, UNTIED, 0) == stage_saved_bytes(cfg, UNTIED, 0) + 7_168 + 17_920
 
 
 @pytest.mark.parametrize(

@@ -92,16 +92,69 @@ def decoder_activation_bytes(
 
 
 def stage_activation_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
-    """The update's activations on pipeline stage `stage` (0 without PP): its layers' for the micro-batches
-    1F1B holds there at once (planning/pipeline_stages.py), plus the LM head's chunk on the last stage."""
+    """The update's activations on pipeline stage `stage` (0 without PP): what autograd keeps there
+    (`stage_saved_bytes`), the outputs a stage before the last keeps for its backward (`stage_output_bytes`),
+    and the working set at the stage's fullest moment (`stage_working_bytes`)."""
+    return (
+        stage_saved_bytes(cfg, shape, stage)
+        + stage_output_bytes(cfg, shape, stage)
+        + stage_working_bytes(cfg, shape, stage)
+    )
+
+
+def stage_saved_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
+    """What autograd keeps on pipeline stage `stage` (0 without PP): its layers' for the micro-batches 1F1B
+    holds there at once (planning/pipeline_stages.py), plus the final norm's on the last stage."""
     training = cfg.training
     stages = training.pipeline_parallel_size
     held = micro_batches_held(stage=stage, stages=stages, micro_batches=max(1, update_micro_batches(cfg)))
     layers = stage_layer_counts(shape.num_layers, stages)[stage]
     element, tp = compute_element_bytes(cfg), training.tensor_parallel_size
     decoder = decoder_activation_bytes(cfg, shape, element=element, tp=tp, layers=layers, held=held)
-    last = stage == stages - 1
-    return decoder + ((final_norm_bytes(cfg, shape, element=element) + head_chunk_bytes(cfg, shape)) if last else 0)
+    return decoder + (final_norm_bytes(cfg, shape, element=element) if stage == stages - 1 else 0)
+
+
+def stage_output_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
+    """The outputs stage `stage` keeps until their backward: a stage before the last runs each micro-batch's
+    backward from its output and the gradient the next stage sends (training/pipeline.py), so it keeps the
+    output (T x h in the compute dtype, a CP rank's positions), which autograd itself does not save, for every
+    micro-batch it holds. None on the last stage, or without PP (there it is the final norm's input, counted
+    in `final_norm_bytes`)."""
+    stages = cfg.training.pipeline_parallel_size
+    if stage == stages - 1:
+        return 0
+    held = micro_batches_held(stage=stage, stages=stages, micro_batches=max(1, update_micro_batches(cfg)))
+    tokens = tokens_per_rank(micro_batch_tokens(cfg), cfg.training.context_parallel_size)
+    return held * tokens * shape.hidden_size * compute_element_bytes(cfg)
+
+
+def stage_working_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
+    """The transient bytes at stage `stage`'s fullest moment beside what it keeps: on the last stage (the one
+    stage without PP) the LM head's chunk (`head_chunk_bytes`), its peak being in the head's backward; on a stage
+    before the last a layer's backward working set (`backward_working_bytes`), its peak being its last layer's
+    backward under the next micro-batch's activations. The last stage's layers run that working set too, after
+    the head's chunk is freed; where it is the larger (a wide MLP over a long pass), the last stage's figure falls
+    short by the difference (docs/scaling.md, section 12)."""
+    if stage == cfg.training.pipeline_parallel_size - 1:
+        return head_chunk_bytes(cfg, shape)
+    element, tp = compute_element_bytes(cfg), cfg.training.tensor_parallel_size
+    return backward_working_bytes(cfg, shape, element=element, tp=tp)
+
+
+def backward_working_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
+    """What a decoder layer's backward holds at its fullest beyond the activations autograd still keeps: in the
+    MLP's backward, (T, h + 2 I) in the compute dtype for a pass of T tokens (a CP rank's positions; I a TP
+    rank's slice). At that moment live are the gradient flowing down the residual stream (T, h; under PP the
+    one the next stage sent), the gradient of the down projection's input (T, I; `MmBackward0`) and the
+    gradients of the activation and the up projection (2 x (T, I); `MulBackward0`'s outputs), while the down
+    projection's input (T, I), which autograd kept, is already freed (a node's saved tensors go when it has
+    run): h + 3 I - I a token. Its weight's gradient is the layer's whole gradient, counted by
+    `fsdp_whole_gradient_bytes`. Measured at stage 0's peak under PP 2 (docs/scaling.md, section 12). An MoE
+    layer counts the k experts' widths a token runs, as its activations do (its experts' backwards run one at a
+    time, so the figure errs high)."""
+    tokens = tokens_per_rank(micro_batch_tokens(cfg), cfg.training.context_parallel_size)
+    intermediate = shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
+    return tokens * (shape.hidden_size + 2 * intermediate) * element
 
 
 def final_norm_bytes(cfg: JobConfig, shape: ModelShape, *, element: int) -> int:

@@ -53,10 +53,16 @@ dtypes.py) and put together here:
   each, a tied model's last stage holding a copy), sharded by FSDP over its stage's dp x cp ranks;
   the root a stage gathers is its one vocabulary matrix. The update's m micro-batches (a rank's
   mini-batch over training.micro_batch_size rows, `update_micro_batches`) run 1F1B: stage s holds
-  min(p - s, m) micro-batches' activations of its layers at once, the last adds the head's chunk,
-  and the fullest stage's are counted (stage 0's but for a small pass). `pipeline_bubble` is the
-  step's idle share, (p - 1) / (m + p - 1). Each figure is its fullest stage's, so the sum bounds
-  every stage's device from above. At p = 1 the one stage holds everything, as without PP.
+  min(p - s, m) micro-batches' activations of its layers at once, the last adds the head's chunk;
+  a stage before the last also keeps each held micro-batch's output (T x h), which its backward
+  starts from and autograd does not save, and at its peak (its last layer's backward under the next
+  micro-batch's activations) a layer's backward working set, T x (h + 2 I) in the compute dtype
+  (`backward_working_bytes`: the residual stream's gradient, the MLP's three I-wide gradients less
+  the down projection's input autograd has freed by then). The fullest stage's are counted (stage
+  0's but for a small pass). The last stage counts the head's chunk alone as its transient (the larger
+  at the benchmarks' shapes; not where a wide MLP runs a long pass, docs/scaling.md section 12).
+  `pipeline_bubble` is the step's idle share, (p - 1) / (m + p - 1). Each figure is its fullest
+  stage's, so the sum bounds every stage's device from above. At p = 1 the one stage holds everything, as without PP.
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -102,11 +108,15 @@ from rldock.runtime.flow.states import memory_models, placement_plan
 from rldock.runtime.planning.activations import (
     LOGIT_CHUNK_BYTES,
     activation_bytes,
+    backward_working_bytes,
     decoder_activation_bytes,
     final_norm_bytes,
     head_chunk_bytes,
     micro_batch_tokens,
     stage_activation_bytes,
+    stage_output_bytes,
+    stage_saved_bytes,
+    stage_working_bytes,
     update_all_to_all_bytes,
     update_micro_batches,
 )
@@ -150,6 +160,7 @@ __all__ = [
     "PhaseBytes",
     "RedundantWeights",
     "activation_bytes",
+    "backward_working_bytes",
     "compute_dtypes",
     "critic_is_sharded",
     "critic_params",
@@ -164,7 +175,10 @@ __all__ = [
     "plan_moe",
     "plan_redundant_weights",
     "stage_activation_bytes",
+    "stage_output_bytes",
+    "stage_saved_bytes",
     "stage_training_state_bytes",
+    "stage_working_bytes",
     "training_dtype",
     "training_state_bytes",
     "update_all_to_all_bytes",
