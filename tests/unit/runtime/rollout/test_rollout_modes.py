@@ -17,8 +17,9 @@ from rldock.config import find_problems
 from rldock.config.job import JobConfig
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.agent import AgentRollout, token_behaviour_logprobs
+from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
+from rldock.runtime.rollout.episode_rounds import token_older_than
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
@@ -375,7 +376,9 @@ def test_the_token_versions_choose_which_logprob_the_update_compares_against():
     computed = torch.full((2, 5), -5.0)  # (B, SL) by the weights of version 2
     sampled = torch.tensor([[-1.0, -1.5, -2.0, -2.5, -3.0], [-1.0] * 5])  # (B, SL)
     versions = torch.tensor([[1, 1, -1, 2, -1], [0, 2, 1, -1, -1]])  # (B, SL): -1 where the model sampled nothing
-    old = token_behaviour_logprobs(computed, sampled, versions, current_version=2)
+    # What the old-logprob pass does with an episode source's answer (EpisodeRounds.older_tokens).
+    older = token_older_than(versions, current_version=2)
+    old = sampling_logprobs(computed, TensorDict({"sampled_logprobs": sampled}, batch_size=[2]), older)
     assert old.tolist() == [[-1.0, -1.5, -5.0, -5.0, -5.0], [-1.0, -5.0, -1.0, -5.0, -5.0]]
 
 

@@ -28,8 +28,7 @@ episode.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,16 +38,13 @@ from rldock.config import JobConfig
 from rldock.runtime.agent.episode_metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
-from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent import episode_keys, episode_older_tokens, episode_stage, write_held
 from rldock.runtime.rollout.agent_episodes import version_columns
+from rldock.runtime.rollout.episode_rounds import EpisodeRounds, Written, episode_keys
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
-    RolloutMode,
     RolloutRequest,
     RolloutSetup,
     unpadded,
@@ -67,24 +63,23 @@ def task_of(row: Row, prompt_index: int) -> dict:
 
 
 @dataclass
-class HeldHarnessBatch:
-    """A dock batch whose episodes the first round left running: its rows, the batch of harnesses, the
-    dock's prompt width and the version of that round."""
+class RunningHarnesses:
+    """A dock batch's harness episodes across rounds, with the dock's prompt width their rows are cut to."""
 
-    rows: torch.Tensor  # (B,)
     batch: HarnessBatch
     prompt_capacity: int
-    policy_version: int
 
 
-class HarnessRollout(RolloutMode):
+class HarnessRollout(EpisodeRounds):
+    """A user's harness through the gateway as an episode source (rollout/episode_rounds.py holds the rounds)."""
+
     def __init__(self, setup: RolloutSetup, cfg: JobConfig, *, tokenizer, train_files: Sequence[str]):
-        self.setup, self.cfg, self.tokenizer = setup, cfg, tokenizer
+        super().__init__(setup)
+        self.cfg, self.tokenizer = cfg, tokenizer
         self.rows = load_rows(train_files, columns_of(cfg.data))
         self.max_turns = cfg.agent.max_turns if cfg.agent is not None else 1
         self.engine_columns = setup.engine_columns
         self._episodes: GatewayEpisodes | None = None
-        self._held: dict[int, list[HeldHarnessBatch]] = {}  # iteration -> its batches waiting for the second round
 
     def episodes(self, prompt_capacity: int) -> GatewayEpisodes:
         if self._episodes is None:
@@ -96,81 +91,51 @@ class HarnessRollout(RolloutMode):
             )
         return self._episodes
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
-        """The episodes of this rank's batches; with `round_tokens` (partial rollout, a weight update follows)
-        a batch whose episodes did not all end within the budget is kept for `finish`."""
-        lengths: list[int] = []
-        sums: list[Sums] = []
-        held: list[HeldHarnessBatch] = []
+    def start(
+        self, engine: VllmRolloutEngine, indices: torch.Tensor, batch: TensorDict, request: RolloutRequest
+    ) -> RunningHarnesses:
+        capacity = batch["prompt_ids"].shape[1]
+        per_episode = self.setup.rows_per_episode  # an episode's rows, consecutive: its first stands for it
+        firsts = batch[::per_episode]
+        running = self.episodes(capacity).start(
+            tasks=[task_of(self.rows[i], i) for i in firsts["prompt_index"].tolist()],
+            prompts=unpadded(firsts["prompt_ids"], firsts["prompt_mask"]),
+            keys=episode_keys(self.setup, indices[::per_episode] // per_episode, request),
+            seed=request.iteration,
+        )
+        return RunningHarnesses(running, capacity)
 
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
-            capacity = batch["prompt_ids"].shape[1]
-            episodes = self.episodes(capacity)
-            per_episode = self.setup.rows_per_episode  # an episode's rows, consecutive: its first stands for it
-            firsts = batch[::per_episode]
-            running = episodes.start(
-                tasks=[task_of(self.rows[i], i) for i in firsts["prompt_index"].tolist()],
-                prompts=unpadded(firsts["prompt_ids"], firsts["prompt_mask"]),
-                keys=episode_keys(self.setup, indices[::per_episode] // per_episode, request),
-                seed=request.iteration,
-            )
-            if not episodes.advance(
-                engine, running, policy_version=request.policy_version, round_tokens=request.round_tokens
-            ):
-                held.append(HeldHarnessBatch(indices, running, capacity, request.policy_version))
-                return None
-            columns, batch_sums, batch_lengths = self._columns(
-                engine, running, prompt_capacity=capacity, policy_version=request.policy_version
-            )
-            sums.append(batch_sums)
-            lengths.extend(batch_lengths)
-            return columns
-
-        result = episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
-        if held:
-            self._held[request.iteration] = held
-        return result.with_metrics(partial_cut=sum(len(item.batch.unfinished) for item in held))
-
-    def finish(
-        self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int
-    ) -> StageResult:
-        """The second round of `iteration`, after the weight update: the held batches' turns resumed and served
-        on the weights of `policy_version` until their episodes have ended, then each batch is written."""
-        held = self._held.pop(iteration, [])
-        started = time.perf_counter()
-        outputs = []
-        for item in held:
-            self.episodes(item.prompt_capacity).advance(engine, item.batch, policy_version=policy_version)
-            outputs.append(
-                self._columns(
-                    engine, item.batch, prompt_capacity=item.prompt_capacity, policy_version=item.policy_version
-                )
-            )
-        # the episodes the first round left running: their tokens sampled before the update, and after it
-        rounds = [(item.batch.unfinished, item.batch.rounds[0], item.batch.rounds[-1]) for item in held]
-        return write_held(
-            dock,
-            held,
-            outputs,
-            compute_s=time.perf_counter() - started,
-            resumed=sum(len(keys) for keys, _, _ in rounds),
-            carried=sum(first.sampled[key] for keys, first, _ in rounds for key in keys),
-            newer=sum(second.sampled[key] for keys, _, second in rounds for key in keys),
+    def advance(
+        self,
+        engine: VllmRolloutEngine,
+        episodes: RunningHarnesses,
+        *,
+        policy_version: int,
+        round_tokens: int | None = None,
+    ) -> bool:
+        """A round's turns served (cut turns resumed from their tokens) until every episode ended or sampled
+        `round_tokens`."""
+        return self.episodes(episodes.prompt_capacity).advance(
+            engine, episodes.batch, policy_version=policy_version, round_tokens=round_tokens
         )
 
-    def _columns(
-        self, engine: VllmRolloutEngine, batch: HarnessBatch, *, prompt_capacity: int, policy_version: int
-    ) -> tuple[TensorDict, Sums, list[int]]:
+    def running(self, episodes: RunningHarnesses) -> Collection[int]:
+        return episodes.batch.unfinished
+
+    def sampled_tokens(self, episodes: RunningHarnesses, keys: Collection[int]) -> int:
+        return sum(budget.sampled.get(key, 0) for budget in episodes.batch.rounds for key in keys)
+
+    def columns(self, engine: VllmRolloutEngine, episodes: RunningHarnesses, *, policy_version: int) -> Written:
         """An ended batch's dock columns (each row's `policy_version` the oldest that sampled it), metric sums
         and response lengths (every token after each episode's last segment's prompt)."""
-        episodes = self.episodes(prompt_capacity)
+        gateway = self.episodes(episodes.prompt_capacity)
         per_episode = self.setup.rows_per_episode
-        results = episodes.results(engine, batch)
-        sums = result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s, rows_per_episode=per_episode)
+        results = gateway.results(engine, episodes.batch)
+        sums = result_sums(results, engine_s=gateway.engine_s, wall_s=gateway.wall_s, rows_per_episode=per_episode)
         columns = harness_columns(
             results,
             rows_per_episode=per_episode,
-            prompt_capacity=prompt_capacity,
+            prompt_capacity=episodes.prompt_capacity,
             response_capacity=self.setup.max_response_length,
             max_steps=self.max_turns,
             pad_token_id=self.setup.pad_token_id,
@@ -178,9 +143,6 @@ class HarnessRollout(RolloutMode):
             engine_columns=self.engine_columns,
         )
         return columns, sums, [len(r.row.ids) - r.row.prompt_length for r in results]
-
-    def older_tokens(self, batch: TensorDict, *, policy_version: int) -> torch.Tensor | None:
-        return episode_older_tokens(batch, policy_version=policy_version)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`num_samples` harness episodes per held-out prompt: `responses` their final turns, `environment_rewards`
