@@ -2,6 +2,7 @@
 breakdown behind the planner's FSDP terms (docs/scaling.md, section 9). Prints one JSON document.
 
     .venv/bin/python -m rldock_benchmarks.context_parallel_peak                  # 512 tokens, CP 1 2 4
+    .venv/bin/python -m rldock_benchmarks.context_parallel_peak --length 2048 --cp 2 --mode ring
 
 The step is rldock_benchmarks.context_parallel's (the same ranks, model and profiled step); this
 module only reads its profile differently: the allocations still live at the moment of the peak,
@@ -93,9 +94,10 @@ def _rank(rank: int, cp: int, jobs: list, rendezvous: str, out_dir: str) -> None
     context_parallel._rank(rank, cp, jobs, rendezvous, out_dir)
 
 
-def run(cp: int, length: int) -> dict:
-    """One (CP size, length) update in fresh ranks: the rank with the highest peak, its breakdown."""
-    with spawned_ranks(_rank, cp, cp, [(length, 1, "float32", "ulysses")]) as out:
+def run(cp: int, length: int, mode: str = "ulysses") -> dict:
+    """One (CP size, length) update in fresh ranks under `mode`'s attention: the rank with the highest peak, its
+    breakdown."""
+    with spawned_ranks(_rank, cp, cp, [(length, 1, "float32", mode)]) as out:
         ranks = [
             {
                 **json.loads((out / f"rank{r}-job0.json").read_text()),
@@ -106,6 +108,7 @@ def run(cp: int, length: int) -> dict:
     worst = max(ranks, key=lambda record: record["peak_bytes"])
     return {
         "cp": cp,
+        "mode": mode,
         "tokens": length,
         "peak_bytes": worst["peak_bytes"],
         "state_bytes": worst["state_bytes"],
@@ -117,10 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--cp", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--mode", choices=("ulysses", "ring"), default="ulysses")
     args = parser.parse_args(argv)
-    print(
-        json.dumps({"benchmark": "context_parallel_peak", "rows": [run(cp, args.length) for cp in args.cp]}, indent=1)
-    )
+    rows = [run(cp, args.length, args.mode) for cp in args.cp]
+    print(json.dumps({"benchmark": "context_parallel_peak", "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ block): each rank recomputes its queries' scores against every block from the sa
 adds its queries' gradient, and the block's key and value gradients travel with the block, each rank
 adding its share; one more step brings every block's gradients home. So a rank keeps only its own
 queries, keys, values, output and log-sum-exps for the backward, and a block's (n, n) scores per head
-exist only while that block is computed. A causal pass (no mask) skips the blocks after the rank's
+exist only while that block is computed: one such float32 block per head in a forward step, two in a
+backward step (the probabilities and their gradient, each made in place of the tensor it comes from;
+docs/scaling.md, section 9). A causal pass (no mask) skips the blocks after the rank's
 own, which no query of it sees (they still travel: the next rank needs them). The blocks' sums run in
 float32 for a lower-precision model, as SDPA's kernels accumulate.
 
@@ -85,17 +87,18 @@ def block_scores(
     dtype = torch.promote_types(query.dtype, torch.float32)
     kv_heads = key.shape[1]
     scores = torch.matmul(_grouped(query.to(dtype), kv_heads), key.to(dtype)[:, :, None].transpose(-1, -2))
-    scores = (scores * scaling).flatten(1, 2)  # (B, H, n, m)
+    # In place on the product: one (B, H, n, m) block at a time, where out of place each step held two.
+    scores = scores.mul_(scaling).flatten(1, 2)  # (B, H, n, m)
     lowest = torch.finfo(dtype).min
     if attention_mask is None:
         query_at = torch.arange(rows.start, rows.stop, device=query.device)
         key_at = torch.arange(columns.start, columns.stop, device=query.device)
-        return scores.masked_fill(key_at[None, :] > query_at[:, None], lowest)
+        return scores.masked_fill_(key_at[None, :] > query_at[:, None], lowest)
     block = attention_mask[..., rows, columns]
     if block.dtype == torch.bool:
-        return scores.masked_fill(~block, lowest)
+        return scores.masked_fill_(~block, lowest)
     # An additive mask's "does not attend" is its dtype's lowest; lower still in float32 is no better.
-    return (scores + block.to(dtype)).clamp(min=lowest)
+    return scores.add_(block.to(dtype)).clamp_(min=lowest)
 
 
 def block_output(probabilities: Tensor, value: Tensor) -> Tensor:
@@ -137,8 +140,9 @@ class _RingAttention(torch.autograd.Function):
             columns = ring.columns(step)
             if columns is None:
                 continue
-            scores = block_scores(query, block[0], attention_mask, rows=ring.rows, columns=columns, scaling=scaling)
-            out, out_lse = block_output(torch.softmax(scores, dim=-1), block[1]), torch.logsumexp(scores, dim=-1)
+            out, out_lse = _block_forward(
+                query, block, attention_mask, rows=ring.rows, columns=columns, scaling=scaling
+            )
             output, lse = (out, out_lse) if output is None or lse is None else merge(output, lse, out, out_lse)
         assert output is not None and lse is not None  # a rank's own block is never skipped
         ctx.ring, ctx.scaling = ring, scaling
@@ -155,25 +159,17 @@ class _RingAttention(torch.autograd.Function):
         grad_query = torch.zeros_like(output)
         block = torch.stack([key, value])
         grad_block = torch.zeros(block.shape, dtype=output.dtype, device=block.device)  # travels with its block
-        kv_heads = key.shape[1]
         for step in range(ring.cp):
             if step:
                 block, grad_block = _shift(block, ring.group), _shift(grad_block, ring.group)
             columns = ring.columns(step)
             if columns is None:
                 continue
-            block_key, block_value = block[0].to(output.dtype), block[1].to(output.dtype)
-            scores = block_scores(query, block_key, attention_mask, rows=ring.rows, columns=columns, scaling=scaling)
-            probabilities = torch.exp(scores - lse[..., None])  # (B, H, n, m)
-            grouped_p, grouped_grad = _grouped(probabilities, kv_heads), _grouped(grad, kv_heads)
-            grad_value = torch.matmul(grouped_p.transpose(-1, -2), grouped_grad).sum(dim=2)  # (B, KV, m, D)
-            grad_p = torch.matmul(grouped_grad, block_value[:, :, None].transpose(-1, -2)).flatten(1, 2)
-            grad_scores = probabilities * (grad_p - correction) * scaling  # (B, H, n, m)
-            grad_query += block_output(grad_scores, block_key)
-            grouped_scores = _grouped(grad_scores, kv_heads)
-            grouped_query = _grouped(query.to(output.dtype), kv_heads)
-            grad_key = torch.matmul(grouped_scores.transpose(-1, -2), grouped_query).sum(dim=2)  # (B, KV, m, D)
-            grad_block += torch.stack([grad_key, grad_value])
+            part_query, part_block = _block_backward(
+                query, block, attention_mask, grad, lse, correction, rows=ring.rows, columns=columns, scaling=scaling
+            )
+            grad_query += part_query
+            grad_block += part_block
         # After the last step a rank holds the block of rank r + 1 and its gradients from every rank:
         # one more step brings each block's gradients home.
         grad_block = _shift(grad_block, ring.group)
@@ -185,6 +181,52 @@ class _RingAttention(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _block_forward(
+    query: Tensor, block: Tensor, attention_mask: Tensor | None, *, rows: slice, columns: slice, scaling: float
+) -> tuple[Tensor, Tensor]:
+    """One step of the forward: the queries' attention over the held key-and-value block (2, B, KV, m, D), its
+    output (B, H, n, D) and log-sum-exps (B, H, n). The block's softmax is exp(S - lse), taken in the scores'
+    storage, so the step holds one (B, H, n, m) block; its temporaries go when it returns."""
+    scores = block_scores(query, block[0], attention_mask, rows=rows, columns=columns, scaling=scaling)
+    lse = torch.logsumexp(scores, dim=-1)
+    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, n, m), in place of the scores
+    return block_output(probabilities, block[1]), lse
+
+
+def _block_backward(
+    query: Tensor,
+    block: Tensor,
+    attention_mask: Tensor | None,
+    grad: Tensor,
+    lse: Tensor,
+    correction: Tensor,
+    *,
+    rows: slice,
+    columns: slice,
+    scaling: float,
+) -> tuple[Tensor, Tensor]:
+    """One step of the backward against the held block (2, B, KV, m, D): this rank's queries' gradient share
+    (B, H, n, D) and the block's key and value gradients (2, B, KV, m, D), all in the dtype of `grad` (float32
+    or wider). The scores are recomputed and turned into the probabilities in place, and the gradient of the
+    probabilities into the scores' in place, so the step holds two (B, H, n, m) blocks at most (out of place it
+    held up to six: the scores, the probabilities, their gradient and the product's temporaries); every one goes
+    when it returns (kept across a loop's steps, the last step's would stay beside the next)."""
+    dtype, kv_heads = grad.dtype, block.shape[2]
+    block_key, block_value = block[0].to(dtype), block[1].to(dtype)
+    scores = block_scores(query, block_key, attention_mask, rows=rows, columns=columns, scaling=scaling)
+    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, n, m): P = exp(S - lse), in place of S
+    grouped_grad = _grouped(grad, kv_heads)
+    grad_value = torch.matmul(_grouped(probabilities, kv_heads).transpose(-1, -2), grouped_grad).sum(dim=2)
+    grad_p = torch.matmul(grouped_grad, block_value[:, :, None].transpose(-1, -2)).flatten(1, 2)  # (B, H, n, m)
+    # dS = P (dP - rowsum(dO * O)) scaling, in place of dP; P is not needed after it
+    grad_scores = grad_p.sub_(correction).mul_(probabilities).mul_(scaling)
+    del scores, probabilities
+    grad_query = block_output(grad_scores, block_key)
+    grouped_query = _grouped(query.to(dtype), kv_heads)
+    grad_key = torch.matmul(_grouped(grad_scores, kv_heads).transpose(-1, -2), grouped_query).sum(dim=2)
+    return grad_query, torch.stack([grad_key, grad_value])  # (B, KV, m, D) each
 
 
 class _Ring:
