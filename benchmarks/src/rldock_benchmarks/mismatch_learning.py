@@ -15,8 +15,8 @@ and its learning-rate-0 control `lr0`. Every arm measures the gap (monitoring.mi
 a budget no run reaches), so each reports the mean of `mismatch/kl` and `mismatch/abs_diff_mean` over
 its iterations beside its reward curve; `on_par` compares each arm's reward rise with the matched
 run's, in units of the matched run's rise above the control's. An arm the config check refuses on the
-config (the tiny MoE's FSDP ranks run no async pipeline) is listed under `refused` with the reason and
-not run.
+config (the async arms on a config with resources.phase_schedule serial) is listed under `refused` with the
+reason and not run.
 
 `--seeds K` runs every arm under seeds 0..K-1 (the job's `seed`: data order, sampling, initialisation and the
 warm-up). `on_par` is then computed within each seed (its arms against its own matched run and control), and
@@ -77,7 +77,7 @@ def arm_summary(records: list[dict]) -> dict:
 
 
 def refusals(config: str, arms: list[str], common: list[str]) -> dict[str, str]:
-    """The arms whose job `rldock train` would refuse on `config` (the tiny MoE's FSDP ranks refuse the async
+    """The arms whose job `rldock train` would refuse on `config` (a serial phase schedule refuses the async
     pipeline), each with the config check's message, before any job runs."""
     refused = {}
     for name in arms:

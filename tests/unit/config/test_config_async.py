@@ -30,10 +30,30 @@ def test_sync_is_the_default_and_async_grpo_is_valid(demo_data):
 
 
 @pytest.mark.parametrize(
+    "training",
+    [
+        {"strategy": "fsdp"},
+        {"strategy": "fsdp", "resharding": "allgather_swap"},
+        {"tensor_parallel_size": 2, "data_parallel_size": 2},
+        {"resharding": "allgather_swap"},
+    ],
+)
+def test_async_runs_on_any_training_layout(demo_data, training):
+    """Sharded, split or swapped ranks run the pipeline: each rank runs its queued calls in order, so their
+    collectives line up, and the update brings the training state back wherever the last export left it."""
+    demo_data["training"].update(training)
+    assert parse_job_config(demo_data).training.mode == "async"
+
+
+def test_the_moe_example_runs_async_on_its_fsdp_x_ep_ranks():
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny-moe.yaml").read_text())
+    data["training"]["mode"], data["dock"]["max_staleness"] = "async", 1
+    assert parse_job_config(data).training.expert_parallel_size == 2
+
+
+@pytest.mark.parametrize(
     "change, path",
     [
-        ({"training": {"tensor_parallel_size": 2, "data_parallel_size": 2}}, "training.mode"),
-        ({"training": {"resharding": "allgather_swap"}}, "training.mode"),
         # samples one version old: the update's own forward pass is not the sampling policy
         ({"algorithm": {"recompute_old_logprobs": "never"}}, "algorithm.recompute_old_logprobs"),
     ],

@@ -220,7 +220,10 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
 def _async_problems(cfg: JobConfig) -> list[Problem]:
     """The asynchronous pipeline runs the next iteration's generation and inference passes on the
     actor ranks between this iteration's old-logprob pass and its update: it needs a rollout, one
-    fixed batch per iteration and a training state that stays resident during generation."""
+    fixed batch per iteration and a schedule that lets an iteration's phases interleave with the next's.
+    Any training layout runs it: every actor rank runs its calls in the order they were queued, so the
+    collectives of a sharded or split layout line up, and the training state comes back before an
+    update wherever the last export left it."""
     algo, training = cfg.algorithm, cfg.training
     if training.mode != "async":
         return []
@@ -235,14 +238,6 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
             Problem(
                 "training.mode",
                 f"`async` with algorithm.name {algo.name}, which {why}; use training.mode sync",
-            )
-        )
-    if training.tensor_parallel_size > 1 or training.resharding != "naive":
-        problems.append(
-            Problem(
-                "training.mode",
-                "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
-                "iteration generates while this one's training state is resident; use training.mode sync",
             )
         )
     if cfg.resources.phase_schedule == "serial":

@@ -310,7 +310,6 @@ def _strategy_problems(cfg: JobConfig) -> list[Problem]:
         # Combinations that have not been built or run with sharded parameters yet.
         for field, value, why in (
             ("training.lora", training.lora, "LoRA adapters train on replicated (DDP) ranks only"),
-            ("training.mode", training.mode == "async", "the async pipeline runs with DDP ranks only"),
             (
                 "rollout.sleep_level",
                 cfg.rollout.sleep_level == 2,

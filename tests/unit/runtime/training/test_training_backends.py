@@ -154,3 +154,41 @@ def test_a_tensor_parallel_peer_reports_no_passes_of_its_own():
             counting.append(rank)
     assert counting == sorted({layout.tp_group_ranks(rank)[0] for rank in range(layout.world_size)})
     assert len(counting) == layout.dp_size
+
+
+@pytest.mark.parametrize(
+    "training", [{"resharding": "allgather_swap"}, {"strategy": "fsdp", "resharding": "allgather_swap"}]
+)
+def test_an_update_right_after_an_export_brings_its_training_state_back(tmp_path, training):
+    """The run-ahead schedule (training.mode async) runs an iteration's old-logprob pass before the previous
+    update, whose export swaps the training state out again; the last iteration's update then follows that
+    export with no pass between. `before_update` brings back whatever is on the host, so the update runs on
+    the weights it had before the export (a TP backend that trusted an earlier pass to have done it met
+    empty storages)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        backend = build_backend(
+            _cfg(**training),
+            model=_tiny_model(),
+            make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+            device=detect_device("cpu"),
+            rank=0,
+            world_size=1,
+        )
+        input_ids = torch.arange(8).reshape(2, 4)  # (B, T)
+
+        def update() -> float:
+            backend.before_update()
+            loss = backend.training_module()(input_ids=input_ids).logits.pow(2).mean()
+            loss.backward()
+            backend.step(1.0)
+            return float(loss.detach())
+
+        update()  # grads and AdamW's state exist from here on
+        with torch.no_grad():
+            before = float(backend.training_module()(input_ids=input_ids).logits.pow(2).mean())
+        metrics = backend.export_weights(lambda weights: [w for _, w in weights], lambda: iter(()))
+        assert metrics["ledger"]["memory/rank0/generation/host_swap"] > 0  # the export swapped the state out
+        assert update() == before  # the same weights, back on the device
+    finally:
+        dist.destroy_process_group()

@@ -127,6 +127,8 @@ class Resharder:
         # Recorded before the background copy starts, so the row is what inference begins with.
         self.record("inference")
         if self.mode == "allgather_swap":
+            if self._pending is not None:  # two passes in a row (the run-ahead schedule's first): the first's copy
+                self._pending.wait()
             self._pending = SwapIn(self.swapper, ["grads", "optimizer_state"], device=self.device)
         return timings
 

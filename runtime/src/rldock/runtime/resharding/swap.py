@@ -77,6 +77,10 @@ class TensorSwapper:
         self.host = torch.empty(0, dtype=torch.uint8)
         self._slots: dict[str, list[_Slot]] = {}
 
+    def holds(self, category: str) -> bool:
+        """Whether `category`'s storages are on the host now (swapped out, not yet back)."""
+        return category in self._slots
+
     @property
     def swapped_bytes(self) -> int:
         return sum(slot.nbytes for slots in self._slots.values() for slot in slots)

@@ -55,15 +55,13 @@ def train_share(
     step: Callable[[TensorDict], dict[str, float]],
     *,
     num_mini_batches: int,
-    after_inference: bool,
     whole_groups: bool = False,
     track: Callable[[TensorDict], None] | None = None,
 ) -> tuple[StageResult, dict[str, float]]:
     """Read exactly this rank's share of `spec`'s state (`backend.update_share`, token-balanced across the
     DP ranks; in whole groups with `whole_groups`) and run `step` (mini-batch -> metrics, one
     optimizer step) on each of its `num_mini_batches` mini-batches; returns the stage's timing and
-    the metrics averaged over the steps. `after_inference`: an inference stage of this iteration ran
-    on the same model first. `track` sees the whole share first."""
+    the metrics averaged over the steps. `track` sees the whole share first."""
     steps: list[dict[str, float]] = []
 
     def train(indices: torch.Tensor, batch: TensorDict) -> None:
@@ -72,7 +70,7 @@ def train_share(
         for mini_batch in batch.split(len(batch) // num_mini_batches):
             steps.append(step(mini_batch))
 
-    backend.before_update(after_inference=after_inference)  # the training state back on the device
+    backend.before_update()  # the training state back on the device
     timing = backend.run_update_stage(dock, spec, train, whole_groups=whole_groups)
     assert timing.num_samples == backend.update_share, f"{spec.name} got a partial share"
     return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}

@@ -81,9 +81,10 @@ class TrainingBackend(Protocol):
         samples dealt as the layout's forward needs them."""
         ...
 
-    def before_update(self, *, after_inference: bool) -> None:
-        """The training state back on the device before the update touches a gradient;
-        `after_inference`: an inference stage of this iteration already brought the parameters."""
+    def before_update(self) -> None:
+        """The training state back on the device before the update touches a gradient, from where it
+        is now: an inference pass may have brought it back, or not (none ran, or, in the run-ahead
+        schedule, the next iteration's ran before the previous update, whose export moved it out again)."""
         ...
 
     def run_update_stage(

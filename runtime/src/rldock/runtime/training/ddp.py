@@ -91,7 +91,7 @@ class DdpBackend:
         # Each rank's forward is its own: micro-batches as they come, no share to balance.
         return run_stage(dock, spec, fn, rank=self.rank, batch_size=self._micro_batch_size)
 
-    def before_update(self, *, after_inference: bool) -> None:
+    def before_update(self) -> None:
         pass  # nothing leaves the device
 
     def run_update_stage(

@@ -161,7 +161,7 @@ class FsdpBackend:
         self.to_training()
         return self.context.run_share(dock, spec, fn, batch_size=self._share)
 
-    def before_update(self, *, after_inference: bool) -> None:
+    def before_update(self) -> None:
         self.to_training()
 
     def run_update_stage(

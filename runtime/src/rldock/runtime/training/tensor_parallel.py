@@ -136,8 +136,10 @@ class TensorParallelBackend:
         self.begin_inference()  # the TP group computes together; its params come back first
         return self.run_training_stage(dock, spec, fn, batch_size=self._micro_batch_size)
 
-    def before_update(self, *, after_inference: bool) -> None:
-        if not after_inference:  # no old-logprob pass brought the params back
+    def before_update(self) -> None:
+        # The params are on the host when no old-logprob pass brought them back since the last export: none
+        # ran, or the run-ahead schedule ran this iteration's before the previous update.
+        if self.resharder.swapper.holds("train_params"):
             self.begin_inference()
         self._times.update(self.resharder.finish_update_swap())  # before any gradient is touched
 

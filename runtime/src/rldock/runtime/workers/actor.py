@@ -334,15 +334,13 @@ class ActorWorker(TakesTurns):
     ) -> tuple[StageResult, dict[str, float]]:
         """This rank's share of `state` (as the job's recipe runs it), `step` on each of its
         algorithm.num_updates_per_iteration mini-batches (training/accumulation.py's train_share);
-        the training state comes back first (TP: parameters too, when no old-logprob pass brought
-        them)."""
+        the training state comes back first (the backend's before_update)."""
         return train_share(
             self.backend,
             self.banks.bank(call.iteration),
             self.recipe.spec(state.name),
             step,
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
-            after_inference=ACTOR_INFERENCE.name in self.recipe.consumes,
             **share,
         )
 

@@ -139,7 +139,6 @@ class CriticWorker(TakesTurns):
             self.recipe.spec(CRITIC_UPDATE.name),
             lambda mini_batch: self._optimizer_step(mini_batch, tally),
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
-            after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)
         )
         stage = self.backend.pipeline
         return timing.with_metrics(
