@@ -23,7 +23,8 @@ Measured per rank:
   the gradients FSDP holds whole + activations (`planned_peak_bytes`; the engine's share is not in this benchmark);
 - `saved_bytes`: the distinct storages autograd saves for the backward during the pass (weights
   left out), counted with saved-tensor hooks: what the planner's activation formula estimates, less
-  the LM head's transient chunk (`planned_saved_bytes`);
+  the transient (the LM head's chunk or a layer's backward working set: `planned_saved_bytes`, the
+  planner's `stage_saved_bytes`);
 - `all_to_all_bytes`: what the rank sent other ranks in one step: through the all-to-alls (Ulysses)
   and the ring's sends (ring), counted by wrapping torch.distributed.all_to_all_single and
   batch_isend_irecv in the rank (measuring wrappers, benchmark only);
@@ -159,7 +160,7 @@ def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int
 def planned(length: int, cp: int, mode: str = "ulysses") -> dict[str, int]:
     """The planner's update peak, activations and bytes sent for one rank of this step."""
     from rldock.runtime.planning.context_parallel_bytes import context_bytes_per_pass
-    from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes
+    from rldock.runtime.planning.memory import activation_bytes, stage_saved_bytes
 
     cfg = update_config(
         prompt_length=length // 4,
@@ -172,7 +173,7 @@ def planned(length: int, cp: int, mode: str = "ulysses") -> dict[str, int]:
     shape = model_shape()
     return {
         "planned_peak_bytes": planned_peak(cfg, shape),
-        "planned_saved_bytes": activation_bytes(cfg, shape) - head_chunk_bytes(cfg, shape),
+        "planned_saved_bytes": stage_saved_bytes(cfg, shape, 0),  # activations less the transient
         "planned_activation_bytes": activation_bytes(cfg, shape),
         "planned_all_to_all_bytes": context_bytes_per_pass(shape, mode=mode, tokens=length, cp=cp, element=4),
     }

@@ -12,6 +12,7 @@ import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
+from rldock.runtime.planning.context_parallel_bytes import ring_block_bytes
 from rldock.runtime.planning.memory import GIB, activation_bytes, training_state_bytes, update_all_to_all_bytes
 from rldock.runtime.planning.report import plan_json, plan_table
 
@@ -46,11 +47,15 @@ def test_a_cp_rank_keeps_its_share_of_the_tokens_and_the_whole_mask():
     per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16  # norms, q/k/v, attention output, MLP
     kernel_output = 4 * 2  # under CP the kernel's output is a tensor apart from the exchanged one
     mask = tokens * tokens  # one boolean byte per pair of the packed pass
-    head = 3 * rank_tokens * 10 * 4
+    # the transient: a layer's backward working set (the residual stream's gradient, h 8, and the MLP's two
+    # I-wide gradients, 2 x 16, a position), more than the head's chunk (3 x 10 a position) at vocabulary 10
+    working = rank_tokens * (8 + 2 * 16) * 4
     cp2 = activation_bytes(job(micro_batch_size=2, context_parallel_size=2), SMALL)
-    assert cp2 == 2 * rank_tokens * ((per_token + kernel_output) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + head
+    assert (
+        cp2 == 2 * rank_tokens * ((per_token + kernel_output) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + working
+    )
     cp1 = activation_bytes(job(micro_batch_size=2), SMALL)
-    assert cp1 == 2 * tokens * (per_token * 4 + FLOAT32) + tokens * FINAL_NORM + 3 * tokens * 10 * 4
+    assert cp1 == 2 * tokens * (per_token * 4 + FLOAT32) + tokens * FINAL_NORM + tokens * (8 + 2 * 16) * 4
 
 
 def test_fsdp_shards_the_training_state_over_dp_x_cp_ranks():
@@ -104,11 +109,20 @@ def test_a_shape_whose_kv_heads_do_not_divide_gets_no_cp_verdict():
 
 
 def test_a_ring_rank_keeps_its_own_heads_and_the_float32_merge():
-    rank_tokens, mask, head = 14, 28 * 28, 3 * 14 * 10 * 4  # as in the Ulysses case above
+    rank_tokens, mask = 14, 28 * 28  # as in the Ulysses case above
     per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16
     merged = (4 * 2 + 4) * 4 // 4  # float32 output and log-sum-exps, in 4-byte elements
+    # a backward step's two float32 (4 heads, 14, 14) score blocks and the (14, 14) boolean causal comparison,
+    # beside the residual stream's gradient: more than the MLP's two I-wide gradients (14 x 2 x 16 x 4 = 1,792)
+    blocks = ring_block_bytes(SMALL, tokens=28, cp=2, tp=1, element=4)
+    assert blocks == 14 * 14 * (2 * 4 * 4 + 1) == 6_468
+    working = rank_tokens * 8 * 4 + blocks
     ring = activation_bytes(job(micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring"), SMALL)
-    assert ring == 2 * rank_tokens * ((per_token + merged) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + head
+    assert ring == 2 * rank_tokens * ((per_token + merged) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + working
+    # TP 2 leaves a rank two heads of each block; in float64 the blocks are float64; at CP 1 there is no ring
+    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=2, element=4) == 14 * 14 * (2 * 2 * 4 + 1)
+    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=1, element=8) == 14 * 14 * (2 * 4 * 8 + 1)
+    assert ring_block_bytes(SMALL, tokens=28, cp=1, tp=1, element=4) == 0
 
 
 def test_ring_bytes_of_an_update_step_by_hand():
@@ -129,7 +143,9 @@ def test_ring_gets_a_cp_verdict_where_no_size_divides_the_kv_heads():
     data["training"]["context_parallel_mode"] = "ring"
     verdict = check_fit(parse_job_config(data), shape, device_memory=48 * GIB)
     assert not verdict.fits and verdict.field == "training.context_parallel_size"
-    assert "(ring attention: each rank computes 1/2 of every sequence" in verdict.message
+    # A ring backward step holds two float32 (28 heads, n, n) score blocks: 924 GiB at CP 2 (n 66,560) for these
+    # 133,120-token sequences, 30.5 GiB at CP 11 (n 12,102), the first size at which the job fits.
+    assert "(ring attention: each rank computes 1/11 of every sequence" in verdict.message
 
 
 def test_a_trimmed_single_row_pass_holds_no_mask():

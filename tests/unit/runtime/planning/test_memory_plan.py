@@ -139,18 +139,25 @@ def test_activations_follow_the_stated_formula():
     tokens = 2 * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
     per_layer = tokens * ((4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4 + FLOAT32_PER_TOKEN)
     logits = 3 * tokens * 10 * 4  # the head's chunk: every token of this pass, V = 10
-    assert activation_bytes(cfg, SMALL) == 2 * per_layer + final_norm(tokens) + logits
+    # a layer's backward working set: the residual stream's gradient (h 8) and the MLP's two I-wide gradients (16)
+    working = tokens * (8 + 2 * 16) * 4
+    assert working > logits  # the transient counted is the larger (vocabulary 10 here)
+    assert activation_bytes(cfg, SMALL) == 2 * per_layer + final_norm(tokens) + working
     checkpointed = job(micro_batch_size=2, gradient_checkpointing=True)
-    assert activation_bytes(checkpointed, SMALL) == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + logits
+    assert activation_bytes(checkpointed, SMALL) == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + working
 
 
 def test_bf16_compute_halves_activation_elements():
     fp32 = activation_bytes(job(strategy="fsdp"), SMALL)
     bf16 = activation_bytes(job(strategy="fsdp", mixed_precision="bf16"), SMALL)
     tokens = micro_batch_tokens(job())
-    # float32 whatever the compute dtype: the head's chunk, and the norms' inputs and the log-sum-exps
-    kept_float32 = head_chunk_bytes(job(), SMALL) + 2 * tokens * FLOAT32_PER_TOKEN + tokens * 4 * (8 + 1)
-    assert bf16 - kept_float32 == (fp32 - kept_float32) // 2
+    # float32 whatever the compute dtype: the norms' inputs and the log-sum-exps
+    kept_float32 = 2 * tokens * FLOAT32_PER_TOKEN + tokens * 4 * (8 + 1)
+    # the transient: in float32 a layer's backward working set (h + 2 I a token), more than the head's chunk; in
+    # bfloat16 that halves below the head's chunk, which stays float32
+    fp32_working, head = tokens * (8 + 2 * 16) * 4, head_chunk_bytes(job(), SMALL)
+    assert fp32_working > head > fp32_working // 2
+    assert bf16 - kept_float32 - head == (fp32 - kept_float32 - fp32_working) // 2
 
 
 def test_each_stage_computes_in_its_own_dtype():

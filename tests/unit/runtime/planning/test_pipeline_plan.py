@@ -115,7 +115,7 @@ def test_stage_0_holds_min_p_m_micro_batches_of_its_layers(stages, micro_batch_s
     flat = job(micro_batch_size=micro_batch_size)
     piped = job(micro_batch_size=micro_batch_size, pipeline_parallel_size=stages)
     assert update_micro_batches(piped) == micro_batches
-    last_only = final_norm_bytes(flat, UNTIED, element=4) + head_chunk_bytes(flat, UNTIED)
+    last_only = final_norm_bytes(flat, UNTIED, element=4) + stage_working_bytes(flat, UNTIED, 0)
     one_micro_batch = activation_bytes(flat, UNTIED) - last_only
     layers = stage_layer_counts(UNTIED.num_layers, stages)[0]  # every stage's here: 4 layers split evenly
     share_of_one = layers * one_micro_batch // UNTIED.num_layers
@@ -134,7 +134,7 @@ def test_checkpointed_stages_keep_each_held_micro_batchs_layer_inputs_and_recomp
     piped = job(micro_batch_size=8, gradient_checkpointing=True, pipeline_parallel_size=2)
     tokens, element = 8 * 14, 4
     inputs = UNTIED.num_layers * tokens * UNTIED.hidden_size * element  # every layer's input, one micro-batch
-    last_only = final_norm_bytes(flat, UNTIED, element=element) + head_chunk_bytes(flat, UNTIED)
+    last_only = final_norm_bytes(flat, UNTIED, element=element) + stage_working_bytes(flat, UNTIED, 0)
     recomputed = activation_bytes(flat, UNTIED) - last_only - inputs
     assert stage_saved_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed  # 2 held, half the layers
     besides = stage_output_bytes(piped, UNTIED, 0) + stage_working_bytes(piped, UNTIED, 0)
@@ -158,9 +158,13 @@ def test_a_stage_before_the_last_keeps_its_outputs_and_a_layers_backward_working
     # the outputs of the two micro-batches it holds, each (T, h), which the schedule keeps for their backward
     assert stage_output_bytes(cfg, UNTIED, 0) == 2 * tokens * h * 4 == 7_168
     assert stage_working_bytes(cfg, UNTIED, 0) == 17_920
-    # the last stage's output is the final norm's input (counted there); its peak is the LM head's chunk
+    # the last stage's output is the final norm's input (counted there); its transient is the larger of the LM
+    # head's chunk, 3 x T x V float32, and a layer's backward working set: here (V 10) the working set
     assert stage_output_bytes(cfg, UNTIED, 1) == 0
-    assert stage_working_bytes(cfg, UNTIED, 1) == head_chunk_bytes(cfg, UNTIED)
+    assert head_chunk_bytes(cfg, UNTIED) == 3 * tokens * 10 * 4 < 17_920
+    assert stage_working_bytes(cfg, UNTIED, 1) == 17_920
+    wide = dataclasses.replace(UNTIED, vocab_size=1000)  # a vocabulary whose head's chunk is the larger
+    assert stage_working_bytes(cfg, wide, 1) == head_chunk_bytes(cfg, wide) == 3 * tokens * 1000 * 4
     assert stage_activation_bytes(cfg, UNTIED, 0) == stage_saved_bytes(cfg, UNTIED, 0) + 7_168 + 17_920
 
 

@@ -7,6 +7,7 @@ from rldock.config import JobConfig
 from rldock.runtime.planning.context_parallel_bytes import (
     context_bytes_per_pass,
     mask_bytes,
+    ring_block_bytes,
     saved_width,
     tokens_per_rank,
 )
@@ -129,32 +130,37 @@ def stage_output_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
 
 
 def stage_working_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
-    """The transient bytes at stage `stage`'s fullest moment beside what it keeps: on the last stage (the one
-    stage without PP) the LM head's chunk (`head_chunk_bytes`), its peak being in the head's backward; on a stage
-    before the last a layer's backward working set (`backward_working_bytes`), its peak being its last layer's
-    backward under the next micro-batch's activations. The last stage's layers run that working set too, after
-    the head's chunk is freed; where it is the larger (a wide MLP over a long pass), the last stage's figure falls
-    short by the difference (docs/scaling.md, section 12)."""
-    if stage == cfg.training.pipeline_parallel_size - 1:
-        return head_chunk_bytes(cfg, shape)
+    """The transient bytes at stage `stage`'s fullest moment beside what it keeps: a layer's backward working set
+    (`backward_working_bytes`), or on the last stage (the one stage without PP) the LM head's chunk
+    (`head_chunk_bytes`) where that is larger. The head's backward is done before the layers' begins, so the
+    two are never live together; a stage before the last peaks in its last layer's backward under the next
+    micro-batch's activations (docs/scaling.md, section 12)."""
     element, tp = compute_element_bytes(cfg), cfg.training.tensor_parallel_size
-    return backward_working_bytes(cfg, shape, element=element, tp=tp)
+    working = backward_working_bytes(cfg, shape, element=element, tp=tp)
+    if stage == cfg.training.pipeline_parallel_size - 1:
+        return max(head_chunk_bytes(cfg, shape), working)
+    return working
 
 
 def backward_working_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
-    """What a decoder layer's backward holds at its fullest beyond the activations autograd still keeps: in the
-    MLP's backward, (T, h + 2 I) in the compute dtype for a pass of T tokens (a CP rank's positions; I a TP
-    rank's slice). At that moment live are the gradient flowing down the residual stream (T, h; under PP the
-    one the next stage sent), the gradient of the down projection's input (T, I; `MmBackward0`) and the
-    gradients of the activation and the up projection (2 x (T, I); `MulBackward0`'s outputs), while the down
-    projection's input (T, I), which autograd kept, is already freed (a node's saved tensors go when it has
-    run): h + 3 I - I a token. Its weight's gradient is the layer's whole gradient, counted by
-    `fsdp_whole_gradient_bytes`. Measured at stage 0's peak under PP 2 (docs/scaling.md, section 12). An MoE
-    layer counts the k experts' widths a token runs, as its activations do (its experts' backwards run one at a
-    time, so the figure errs high)."""
-    tokens = tokens_per_rank(micro_batch_tokens(cfg), cfg.training.context_parallel_size)
+    """What a decoder layer's backward holds at its fullest beyond the activations autograd still keeps, for a
+    pass of T tokens (a CP rank's positions): the gradient flowing down the residual stream (T x h in the
+    compute dtype; under PP the one the next stage sent), beside the larger of the MLP's and, under ring
+    attention, the attention's. The MLP's: the gradient of the down projection's input (T, I; `MmBackward0`)
+    and the gradients of the activation and the up projection (2 x (T, I); `MulBackward0`'s outputs), while the
+    down projection's input (T, I), which autograd kept, is already freed (a node's saved tensors go when it
+    has run): 2 I a token (I a TP rank's slice). Its weight's gradient is the layer's whole gradient, counted
+    by `fsdp_whole_gradient_bytes`. Ring attention's: a backward step's two (H, n, n) score blocks
+    (planning/context_parallel_bytes.py's `ring_block_bytes`). Measured at stage 0's peak under PP 2 and at a
+    ring rank's peak (docs/scaling.md, sections 12 and 9). An MoE layer counts the k experts' widths a token
+    runs, as its activations do (its experts' backwards run one at a time, so the figure errs high)."""
+    training = cfg.training
+    tokens, cp = micro_batch_tokens(cfg), training.context_parallel_size
     intermediate = shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
-    return tokens * (shape.hidden_size + 2 * intermediate) * element
+    mlp = tokens_per_rank(tokens, cp) * 2 * intermediate * element
+    ring = ring_block_bytes(shape, tokens=tokens, cp=cp, tp=tp, element=element)
+    attention = ring if training.context_parallel_mode == "ring" else 0
+    return tokens_per_rank(tokens, cp) * shape.hidden_size * element + max(mlp, attention)
 
 
 def final_norm_bytes(cfg: JobConfig, shape: ModelShape, *, element: int) -> int:

@@ -21,7 +21,9 @@ as arithmetic on the model shape:
 
 Ring attention instead keeps every head of its n positions: its attention function saves the rank's
 q, k and v (as the kernel's are counted), and its merged output and log-sum-exps in float32
-(n (n_q d + n_q) four-byte elements, `ring_saved_width`); no head-sharded copies. Its traffic per
+(n (n_q d + n_q) four-byte elements, `ring_saved_width`); no head-sharded copies. Transient, in a layer's
+backward: two float32 (n_q, n, n) blocks (a step's probabilities and their gradient) and the causal
+pass's (n, n) boolean comparison (`ring_block_bytes`). Its traffic per
 layer and pass: the forward passes cp - 1 key-and-value blocks of n 2 n_kv d elements on; the
 backward passes them on again (cp - 1) and the blocks' float32 gradients cp times.
 """
@@ -71,6 +73,17 @@ def ring_saved_width(shape: ModelShape, *, cp: int, element: int) -> int:
     if cp == 1:
         return 0
     return -(-(shape.num_heads * shape.head_dim + shape.num_heads) * 4 // element)
+
+
+def ring_block_bytes(shape: ModelShape, *, tokens: int, cp: int, tp: int, element: int) -> int:
+    """What a ring-attention rank's backward step holds of a pass of `tokens` tokens, at its fullest: the
+    probabilities and their gradient, two (H, n, n) blocks (a TP rank's H heads) in float32 or wider
+    (engines/ring_attention.py's `_block_backward`, each made in place of the tensor it comes from), and the
+    (n, n) boolean the causal comparison or the mask's negation makes, n a rank's positions; 0 at cp 1 (no ring)."""
+    if cp == 1:
+        return 0
+    n = tokens_per_rank(tokens, cp)
+    return n * n * (2 * (shape.num_heads // tp) * max(4, element) + 1)
 
 
 def ring_bytes_per_pass(

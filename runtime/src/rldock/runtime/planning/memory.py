@@ -37,9 +37,15 @@ dtypes.py) and put together here:
   full set while it is recomputed. An MoE layer's MLP terms count the k experts a token runs
   (4 k I_moe) and its dispatch 2 k h (the token's k copies and the k outputs). With
   training.micro_batch_tokens a pass computes at most that
-  many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
-  float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
-  (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
+  many tokens (b*s when smaller; one whole sequence s when larger). Beside what autograd keeps, the
+  transient at the update's fullest moment (`stage_working_bytes`): the larger of the LM head's chunk,
+  about three float32 (chunk, V) tensors whatever b*s*V is (it runs on a chunk of scored positions at
+  a time, engines/head_logprobs.py, the positions whose logits fit in LOGIT_CHUNK_BYTES, 32 MiB), and
+  a layer's backward working set, b*s*(h + 2 I) x e (`backward_working_bytes`: the residual stream's
+  gradient and the MLP's three I-wide gradients less the down projection's input, which autograd has
+  freed by then; under ring attention the larger of that MLP term and a backward step's two (H, n, n)
+  float32 score blocks). The head's backward is done before the layers' starts, so the two are never
+  live together (docs/scaling.md, sections 9 and 12).
 - context parallelism (training.context_parallel_size): a rank computes and keeps 1/cp of a
   pass's tokens (Ulysses: its attention's tensors head-sharded over the whole sequence, as many
   elements, plus the kernel's output apart from the exchanged one the projection keeps: n_q d per
@@ -57,10 +63,9 @@ dtypes.py) and put together here:
   a stage before the last also keeps each held micro-batch's output (T x h), which its backward
   starts from and autograd does not save, and at its peak (its last layer's backward under the next
   micro-batch's activations) a layer's backward working set, T x (h + 2 I) in the compute dtype
-  (`backward_working_bytes`: the residual stream's gradient, the MLP's three I-wide gradients less
-  the down projection's input autograd has freed by then). The fullest stage's are counted (stage
-  0's but for a small pass). The last stage counts the head's chunk alone as its transient (the larger
-  at the benchmarks' shapes; not where a wide MLP runs a long pass, docs/scaling.md section 12).
+  (`backward_working_bytes`, above). The fullest stage's are counted (stage 0's but for a small
+  pass); the last stage's transient is the larger of the head's chunk and that working set, as
+  without PP.
   `pipeline_bubble` is the step's idle share, (p - 1) / (m + p - 1). Each figure is its fullest
   stage's, so the sum bounds every stage's device from above. At p = 1 the one stage holds everything, as without PP.
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
