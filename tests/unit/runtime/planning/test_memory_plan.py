@@ -348,7 +348,8 @@ def test_a_critic_rank_holds_a_full_replica_and_its_activations():
     params = critic_params(SMALL) * 4
     tokens = 2 * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
     per_layer = tokens * ((4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4 + FLOAT32_PER_TOKEN)  # as the actor's, at TP 1
-    activations = 2 * per_layer + final_norm(tokens) + tokens * 4  # the layers', the final norm's, the values
+    working = tokens * (8 + 2 * 16) * 4  # a layer's backward working set: the residual's and the MLP's gradients
+    activations = 2 * per_layer + final_norm(tokens) + tokens * 4 + working  # and the layers', final norm's, values
     assert critic.update == PhaseBytes(params, params, 2 * params, activations=activations)
     assert critic.generation == PhaseBytes(params, params, 2 * params)  # never swapped
     assert plan_memory(job(), SMALL, device_memory=64 * GIB).critic is None  # GRPO has none
@@ -438,8 +439,9 @@ def test_gradient_checkpointing_and_mixed_precision_shrink_an_fsdp_critics_activ
         SMALL,
         device_memory=64 * GIB,
     ).critic.update
-    per_layer = (plain.activations - values - final_norm(tokens)) // 2
-    assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + values
+    working = tokens * (8 + 2 * 16) * 4  # a layer's backward working set, in the compute dtype (halved in bf16 above)
+    per_layer = (plain.activations - values - final_norm(tokens) - working) // 2
+    assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + final_norm(tokens) + values + working
 
 
 def test_a_7b_critic_fits_a_64gb_device_once_sharded():

@@ -86,7 +86,8 @@ generation the training state stays on the device unless training.resharding is 
 The PPO critic (ppo, pf_ppo): one rank per data-parallel rank. Under strategy ddp (or a lone rank)
 each holds a full replica of the value model (the policy's body without its LM head, plus a
 one-output head) with its gradients and AdamW state, never swapped, plus its activations in the
-update (one micro-batch, no logits; training.gradient_checkpointing applies as for the actor).
+update (one micro-batch, no logits, so a layer's backward working set is its transient;
+training.gradient_checkpointing applies as for the actor).
 Under strategy fsdp with more than one rank the value model is sharded as the actor is: params and
 AdamW state divided by the data-parallel size (on the host with training.fsdp_cpu_offload), two
 gathered layers plus the root (its token embedding) in the compute dtype, activations in the
@@ -96,7 +97,8 @@ step's reduce-scatter: in the update gradients are counted whole when a rank's m
 more than one micro-batch, else sharded like the params; in generation the gradient shards stay.
 Under PP the critic's value model is cut into the actor's stages and a critic rank is planned as its fullest
 stage's: that stage's layers (the embedding on the first, the final norm and the value head on the last)
-under FSDP over the stage's ranks, and its layers' activations for the micro-batches 1F1B holds there.
+under FSDP over the stage's ranks, and its layers' activations for the micro-batches 1F1B holds there (with
+their outputs before the last stage, and a layer's backward working set, as an actor stage's).
 Critic ranks never share a device with each other (rldock.contract.placement); a critic rank's
 device holds it alone, or beside an actor rank in a colocated job whose actor devices have a half
 left (`CriticBytes.beside_actor`), and then the two add up.
@@ -318,6 +320,7 @@ def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside:
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
         activations = decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
         activations += final_norm_bytes(cfg, shape, element=param_bytes) if last else 0
+        activations += backward_working_bytes(cfg, shape, element=param_bytes, tp=1)  # no LM head's chunk
         state = (params, params, 2 * params)  # params, grads, AdamW's two moments
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
@@ -326,6 +329,8 @@ def _plan_critic_stage(cfg: JobConfig, shape: ModelShape, stage: int, *, beside:
     element = compute_element_bytes(cfg)
     activations = decoder_activation_bytes(cfg, shape, element=element, tp=1, layers=layers, held=held) + values
     activations += final_norm_bytes(cfg, shape, element=element) if last else 0
+    # as an actor stage's: the held outputs before the last stage, and a layer's backward working set (no head)
+    activations += stage_output_bytes(cfg, shape, stage) + backward_working_bytes(cfg, shape, element=element, tp=1)
     embedding = shape.vocab_size * shape.hidden_size if stage == 0 else 0  # the root's, on the first stage
     gathered = (2 * shape.layer_params + embedding) * element
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
