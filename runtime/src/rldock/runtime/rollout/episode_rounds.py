@@ -15,6 +15,7 @@ Carried episodes (rollout/agent_carry.py) replace `generate` with their own admi
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,29 +59,29 @@ class EpisodeRounds(RolloutMode):
         self.setup = setup
         self._held: dict[int, list[HeldBatch]] = {}  # iteration -> its batches waiting for the second round
 
-    # The source's part.
+    # The source's part: abstract, so a source that misses one cannot be built (RolloutMode's metaclass is ABCMeta).
+    @abstractmethod
     def start(self, engine: VllmRolloutEngine, indices: torch.Tensor, batch: TensorDict, request: RolloutRequest):
         """The episodes of the dock batch (`indices`, `batch`), started (nothing sampled yet)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def advance(
         self, engine: VllmRolloutEngine, episodes, *, policy_version: int, round_tokens: int | None = None
     ) -> bool:
         """Run a round of `episodes` on the weights of `policy_version`, each sampling at most `round_tokens`
         (None: to their ends); whether every episode has ended."""
-        raise NotImplementedError
 
+    @abstractmethod
     def columns(self, engine: VllmRolloutEngine, episodes, *, policy_version: int) -> Written:
         """Ended `episodes` as the dock's rows, each tagged with `policy_version`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def running(self, episodes) -> Collection:
         """The episodes (by the source's keys) the first round left running."""
-        raise NotImplementedError
 
+    @abstractmethod
     def sampled_tokens(self, episodes, keys: Collection) -> int:
         """Tokens the episodes `keys` have sampled so far, every round."""
-        raise NotImplementedError
 
     # The round policy.
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
