@@ -1,15 +1,28 @@
 """rldock.runtime.startup: a timed actor class reports its process's CPU before, in and after its
-constructor; the first record's timing/startup sums the processes by kind."""
+constructor; the first record's timing/startup sums the processes by kind; start-up's pauses of the
+cyclic collector nest and end."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from rldock.runtime.startup import PHASES, DriverClock, ProcessStartup, startup_line, startup_timing, timed
+from rldock.runtime.startup import (
+    PHASES,
+    DriverClock,
+    ProcessStartup,
+    collections_paused,
+    pause_collections,
+    startup_line,
+    startup_timing,
+    timed,
+)
 
 
 def _spin(seconds: float) -> None:
@@ -106,3 +119,67 @@ def test_the_log_line_gives_each_kind_s_cpu():
     assert startup_line(timing) == (
         "30.0 s to the first iteration, 40.0 CPU seconds: DeviceWorker 31.0 (2 processes), driver 9.0"
     )
+
+
+@pytest.fixture
+def collecting() -> Iterator[None]:
+    """The collector on, as in a fresh process, and as found afterwards."""
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_collections_pause_inside_and_nest(collecting):
+    with collections_paused():
+        assert not gc.isenabled()
+        with collections_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause is still under way
+    assert gc.isenabled()
+
+
+def test_a_pause_leaves_a_collector_that_was_off_off(collecting):
+    gc.disable()
+    with collections_paused():
+        pass
+    assert not gc.isenabled()
+
+
+def test_overlapping_pauses_of_two_threads_resume_when_the_last_ends(collecting):
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def second() -> None:
+        first_in.wait()
+        with collections_paused():
+            second_in.set()
+            first_out.wait()
+            seen.append(gc.isenabled())
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with collections_paused():
+        first_in.set()
+        second_in.wait()
+    first_out.set()
+    thread.join()
+    assert seen == [False]  # the first thread's pause had ended, the second's had not
+    assert gc.isenabled()
+
+
+def test_a_worker_s_pause_ends_with_its_actor_s_constructor_even_one_that_fails(collecting):
+    class Failing:
+        def __init__(self) -> None:
+            raise ValueError("no model")
+
+    pause_collections()  # Ray's worker set-up hook, at the process's start
+    worker = timed(Worker)(1, spin_s=0)
+    assert gc.isenabled() and worker.value == 1
+    pause_collections()
+    with pytest.raises(ValueError, match="no model"):
+        timed(Failing)()
+    assert gc.isenabled()
+    timed(Worker)(2, spin_s=0)  # no pause under way: the constructor's end changes nothing
+    assert gc.isenabled()

@@ -2,10 +2,13 @@
 built-in resource (num_gpus) and each device worker gets its share of one through its bundle, where
 Ray used to refuse the start ("GPU cannot be a custom resource"). This machine has no GPU, so torch
 is told it sees two (Ray's GPUs are logical: nothing here touches a device); the workers are
-`GpuProbe`s, a test double scheduled exactly as the trainer schedules its workers."""
+`GpuProbe`s, a test double scheduled exactly as the trainer schedules its workers. The same Ray shows
+the job's worker set-up hook: an actor's process starts without cyclic collections, which its
+constructor's end turns back on (rldock.runtime.startup)."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,16 @@ class GpuProbe:
 
     def gpu_ids(self) -> list[str]:
         return ray.get_runtime_context().get_accelerator_ids()["GPU"]
+
+
+class CollectorProbe:
+    """Test double of any of the job's actors: whether the collector ran while it was built."""
+
+    def __init__(self) -> None:
+        self.collecting_while_built = gc.isenabled()
+
+    def collecting(self) -> tuple[bool, bool]:
+        return self.collecting_while_built, gc.isenabled()
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +81,11 @@ def test_a_local_ray_declares_the_gpus_and_each_worker_gets_its_share_of_one(gpu
             ray.kill(probe)
     finally:
         cluster.release(group)
+
+
+def test_an_actor_s_process_starts_without_cyclic_collections_until_it_is_built(gpu_job) -> None:
+    probe = cluster.remote(CollectorProbe, num_cpus=0).remote()
+    try:
+        assert ray.get(probe.collecting.remote()) == (False, True)
+    finally:
+        ray.kill(probe)

@@ -129,11 +129,14 @@ def run_train(args: argparse.Namespace) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from rldock.runtime.driver.attempt import CheckpointMismatch
-    from rldock.runtime.driver.mismatch_budget import MismatchOverBudget
-    from rldock.runtime.driver.preemption import EXIT_CODE, Preempted
-    from rldock.runtime.driver.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
-    from rldock.runtime.rewards import RewardError
+    from rldock.runtime.startup import collections_paused
+
+    with collections_paused():  # heavy imports: torch, Ray, transformers (rldock.runtime.startup)
+        from rldock.runtime.driver.attempt import CheckpointMismatch
+        from rldock.runtime.driver.mismatch_budget import MismatchOverBudget
+        from rldock.runtime.driver.preemption import EXIT_CODE, Preempted
+        from rldock.runtime.driver.trainer import OutputDirInUse, Trainer
+        from rldock.runtime.rewards import RewardError
 
     try:
         trainer = Trainer(

@@ -49,7 +49,7 @@ from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.planning.checkpoint_size import checkpoint_bytes, save_seconds
 from rldock.runtime.planning.shapes import load_shape
 from rldock.runtime.rewards import RewardScorer, column_lists
-from rldock.runtime.startup import DriverClock
+from rldock.runtime.startup import DriverClock, collections_paused
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +84,10 @@ def prepare_inputs(cfg: JobConfig, output_dir: Path, *, beside: Callable[[], obj
     recipe = job_recipe(cfg)  # less the passes this config makes redundant
     if REWARD_STATE.name in recipe.states:
         RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
-    if beside is None:
-        return _prepare(cfg, output_dir, recipe, startup_clock)
-    return beside_another_thread(lambda: _prepare(cfg, output_dir, recipe, startup_clock), beside)
+    with collections_paused():  # models loaded, Ray started (rldock.runtime.startup)
+        if beside is None:
+            return _prepare(cfg, output_dir, recipe, startup_clock)
+        return beside_another_thread(lambda: _prepare(cfg, output_dir, recipe, startup_clock), beside)
 
 
 def beside_another_thread(work: Callable[[], T], beside: Callable[[], object]) -> T:

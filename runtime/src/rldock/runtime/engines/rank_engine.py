@@ -23,6 +23,7 @@ from rldock.runtime.engines.generation_memory import engine_kv_cache_bytes
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.lora import has_adapters, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
+from rldock.runtime.startup import collections_paused
 
 # (HF name, tensor) pairs as the engine loads them
 Weights = Iterable[tuple[str, torch.Tensor]]
@@ -65,7 +66,8 @@ class RankEngine:
             return
         algo = self.cfg.algorithm
         max_model_len = algo.max_prompt_length + algo.max_response_length
-        with _environment(engine_env or {}):
+        # vLLM's import and the engine's build, without cyclic collections (rldock.runtime.startup)
+        with _environment(engine_env or {}), collections_paused():
             self.engine = VllmRolloutEngine(
                 self.policy_dir,
                 rollout=self.cfg.rollout,

@@ -52,8 +52,13 @@ def connect(cfg: JobConfig) -> None:
         # The environment servers' token, which the rollout's clients send (agent/service/auth.py).
         **token_variables(cfg),
     }
+    runtime_env = {
+        "env_vars": env_vars,
+        # each worker's start until its actor is built runs without cyclic collections (rldock.runtime.startup)
+        "worker_process_setup_hook": "rldock.runtime.startup.pause_collections",
+    }
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
         return
     resources = cfg.resources
     # Ray probes for real Ascend devices when a resource is called NPU and logs a traceback when
@@ -68,7 +73,7 @@ def connect(cfg: JobConfig) -> None:
         num_cpus=_LOCAL_LOGICAL_CPUS,
         **device_request(resources.accelerator_resource, resources.num_nodes * resources.devices_per_node),
         include_dashboard=False,
-        runtime_env={"env_vars": env_vars},
+        runtime_env=runtime_env,
         logging_level=logging.WARNING,
         # Ray starts idle workers for a first driver ahead of its tasks; a job's actors start
         # workers of their own, so these two only cost ~1 s of CPU each (rldock_benchmarks.startup).
