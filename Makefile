@@ -13,8 +13,8 @@ demo: setup
 	.venv/bin/rldock train examples/grpo-tiny.yaml --output $(OUTPUT) --resume
 
 # The linters first (pyproject.toml configures both), then the tests: the job tiers and, beside
-# them, the unit tier, then the npu twin's unit tests in a pytest process of their own
-# (scripts/test-tiers.sh says why). PYTEST_ARGS: pytest options for every run, not paths.
+# them, the unit tier, then the npu twin's unit tests in a pytest process of their own; then the unit
+# tests that start a Ray of their own (scripts/test-tiers.sh says why). PYTEST_ARGS: pytest options for every run, not paths.
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .

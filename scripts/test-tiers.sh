@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make test`'s pytest runs. The job tiers (tests/ranks, tests/integration, tests/e2e) in one pytest
 # process and, beside it, the unit tier in another, but for its tests that start a Ray cluster of their
-# own (marked `ray`, tests/unit/conftest.py), which run after the job tiers; then the npu twin's unit tests
-# in a process of their own (tests/conftest.py says why). Why beside: a job tier's processes spend much of
+# own (marked `ray`, tests/unit/conftest.py), which run after the job tiers; the npu twin's unit tests run
+# after the unit tier, beside the job tiers too, in a process of their own (tests/conftest.py says why). Why beside: a job tier's processes spend much of
 # their time waiting on one another (a Ray round trip, an engine's start, an apiserver's watch), leaving
 # part of the cores idle, which the unit tier fills (e2e/README.md, "Test tiers", gives the figures). The
 # rank tests (gloo ranks spawned on the CPU, four processes at a time) stay in the job tiers' process: run
@@ -14,7 +14,7 @@
 # its own, the e2e pods have their own /tmp, and every local Ray is a fresh one (address="local").
 #
 # The job tiers print as they go; the unit tier writes to $RLDOCK_TEST_LOGS/unit.log (default
-# runs/test-logs), printed whole once the job tiers are done. Arguments go to every pytest run
+# runs/test-logs) and the twin's tests to twin.log there, printed whole once the job tiers are done. Arguments go to every pytest run
 # (options only: the tiers are the paths; a `-m` of the caller's replaces the tiers' own).
 # Exits non-zero if any run failed; a run that selected no test (pytest's exit 5, e.g. `-k` matching
 # only the other tier's tests) counts as passed unless no run selected any.
@@ -35,27 +35,43 @@ unit_log="$logs/unit.log"
 interrupted=0
 trap 'interrupted=1' INT
 
-"$python" -m pytest tests/unit -m "not slow and not ray" "$@" > "$unit_log" 2>&1 &
-unit_pid=$!
-echo "the unit tier runs beside the job tiers: tail -f $unit_log"
+twin_log="$logs/twin.log"
+rm -f "$twin_log"
+codes_dir=$(mktemp -d)
+# The unit tier, then the twin's tests (they start no Ray), one after the other beside the job tiers;
+# each one's exit code to a file (this runs in a subshell of its own).
+(
+  stopped=0
+  trap 'stopped=1' INT
+  "$python" -m pytest tests/unit -m "not slow and not ray" "$@" > "$unit_log" 2>&1
+  echo $? > "$codes_dir/unit"
+  if ((!stopped)); then
+    "$python" -m pytest tests/unit/runtime/twin "$@" > "$twin_log" 2>&1
+    echo $? > "$codes_dir/twin"
+  fi
+) &
+beside_pid=$!
+echo "the unit tier, then the npu twin's tests, run beside the job tiers: tail -f $unit_log $twin_log"
 
 "$python" -m pytest tests/ranks tests/integration tests/e2e "$@"
 jobs=$?
-wait "$unit_pid"
-unit=$?
+wait "$beside_pid"
+unit=$(cat "$codes_dir/unit" 2>/dev/null || echo 1)
+twin=$(cat "$codes_dir/twin" 2>/dev/null || echo 5)
+rm -rf "$codes_dir"
 echo
 echo "=================== the unit tier beside the job tiers ($unit_log) ==================="
 cat "$unit_log"
+if [ -f "$twin_log" ]; then
+  echo "=================== the npu twin's tests, after it ($twin_log) ==================="
+  cat "$twin_log"
+fi
 
-ray=5 twin=5
+ray=5
 if ((!interrupted)); then
   echo "=================== the unit tier's tests that start Ray of their own ==================="
   "$python" -m pytest tests/unit -m "not slow and ray" "$@"
   ray=$?
-fi
-if ((!interrupted)); then
-  "$python" -m pytest tests/unit/runtime/twin "$@"
-  twin=$?
 fi
 
 codes=("$jobs" "$unit" "$ray" "$twin")
