@@ -5,7 +5,7 @@
 # after the unit tier, beside the job tiers too, in a process of their own (tests/conftest.py says why). Why beside: a job tier's processes spend much of
 # their time waiting on one another (a Ray round trip, an engine's start, an apiserver's watch), leaving
 # part of the cores idle, which the unit tier fills (e2e/README.md, "Test tiers", gives the figures). The
-# rank tests (gloo ranks spawned on the CPU, four processes at a time) stay in the job tiers' process: run
+# rank tests (gloo ranks on the CPU, up to eight processes at a time, tests/rank_processes.py) stay in the job tiers' process: run
 # beside them, at d0ddd15, they slowed the jobs by more than they took out of that process (the job tiers
 # 40.2 min against 37.7, e2e/README.md).
 # Why the `ray` tests after: a raylet that does not register with its GCS within Ray's

@@ -11,9 +11,9 @@ import os
 import socket
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytestmark = pytest.mark.integration  # spawns two processes; 80-110 s on the shared 2-core machine
 
@@ -185,7 +185,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("resharding")
-    mp.spawn(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD)
+    rank_processes.spawn(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD)
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 

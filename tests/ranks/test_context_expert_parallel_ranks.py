@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.moe_fixture import (
     cp_batch,
@@ -81,7 +81,7 @@ def _one_process(batch_seed: int, layout: str, *, replay: bool) -> dict:
 def test_context_and_expert_parallel_equal_one_process(tmp_path):
     # a file rendezvous no earlier group used: a probed free port could be taken before rank 0 binds it
     rendezvous = f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
-    mp.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     recorded = [recorded_routing(cp_moe_model(), cp_batch(10 + d)) for d in range(WORLD // CP)]
     for layout, replay in CASES:

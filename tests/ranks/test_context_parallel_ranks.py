@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.scored_batch import LAYOUTS, scored_batch
 
@@ -171,7 +171,7 @@ def _one_process(batch_seed: int, layout: str, mode: str) -> dict:
 def test_context_parallel_ranks_equal_one_process(tmp_path, world):
     """Both modes: Ulysses on the 8-head model, ring on the 3-head one that no CP size here divides."""
     # a file rendezvous in the test's own directory: a probed free port could be taken before rank 0 binds it
-    mp.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=world)
+    rank_processes.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for mode in MODES:
         for layout in LAYOUTS:

@@ -15,9 +15,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
@@ -93,7 +93,7 @@ def _rendezvous(tmp_path: Path) -> str:
 
 def _spawn_ranks(out_dir: Path, world: int, ep: int) -> Path:
     """`world` gloo ranks at expert parallel size `ep` stepping once (`_rank`); the folder of their files."""
-    mp.spawn(_rank, args=(world, ep, _rendezvous(out_dir), str(out_dir)), nprocs=world)
+    rank_processes.spawn(_rank, args=(world, ep, _rendezvous(out_dir), str(out_dir)), nprocs=world)
     return out_dir
 
 
@@ -194,7 +194,7 @@ def test_allgather_swap_moves_expert_shards_off_and_back(tmp_path):
     """Under resharding: allgather_swap at EP 2 x FSDP 2 the engine gets every expert whole, no training
     state stays on the device during generation, and the swapped-in model scores as before."""
     world = 4
-    mp.spawn(_swap_rank, args=(world, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
+    rank_processes.spawn(_swap_rank, args=(world, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     shapes = {name: tensor.shape for name, tensor in _model().state_dict().items()}
     for rank in range(world):
         got = torch.load(tmp_path / f"swap{rank}.pt")

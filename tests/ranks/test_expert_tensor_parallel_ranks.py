@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.moe_fixture import (
     NUM_EXPERTS,
@@ -90,7 +90,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("ep-tp-ranks")
-    mp.spawn(_rank, args=(f"file://{out_dir}/rendezvous", str(out_dir)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(f"file://{out_dir}/rendezvous", str(out_dir)), nprocs=WORLD)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -12,9 +12,9 @@ import string
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from dock_double_base import PutThenGet  # tests/dock_double_base.py
 
 pytestmark = pytest.mark.ranks
@@ -158,7 +158,7 @@ TRAININGS = {
 def fsdp_ranks(tmp_path_factory) -> Path:
     """Every one of TRAININGS on one spawn of the two ranks (one start of the processes, not three)."""
     out_dir = tmp_path_factory.mktemp("fsdp-ranks")
-    mp.spawn(_fsdp_rank, args=(_free_port(), str(out_dir), TRAININGS), nprocs=WORLD)
+    rank_processes.spawn(_fsdp_rank, args=(_free_port(), str(out_dir), TRAININGS), nprocs=WORLD)
     return out_dir
 
 
@@ -380,7 +380,9 @@ def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoin
     # 40 tokens (36 characters and 4 special ones): the batches' ids stay below 32
     texts = [string.ascii_lowercase + string.digits]
     policy_dir = build_tiny_model(tmp_path / "policy", texts=texts, seed=0, hidden_size=64, num_heads=2, num_kv_heads=1)
-    mp.spawn(_critic_rank, args=((_free_port(), _free_port()), str(policy_dir), str(tmp_path)), nprocs=WORLD)
+    rank_processes.spawn(
+        _critic_rank, args=((_free_port(), _free_port()), str(policy_dir), str(tmp_path)), nprocs=WORLD
+    )
     ranks = [torch.load(tmp_path / f"critic-rank{r}.pt") for r in range(WORLD)]
     # One process over the whole batch (the lone rank's step, which equals the hand-computed one:
     # tests/unit/runtime/workers/test_critic_update.py).

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_fsdp_ranks import RecordingEngine, _adamw, _cfg, _free_port
 
 pytestmark = pytest.mark.ranks
@@ -108,7 +108,7 @@ def _step(architecture: str, rank: int, backend_class, device, out_dir: str) -> 
 def spawned(tmp_path_factory) -> Path:
     """Both architectures on one spawn of the 4 ranks."""
     out_dir = tmp_path_factory.mktemp("fsdp-tp-ranks")
-    mp.spawn(_rank, args=(_free_port(), str(out_dir)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(_free_port(), str(out_dir)), nprocs=WORLD)
     return out_dir
 
 

@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock.runtime.planning.dtypes import DTYPE_BYTES
 from rldock.runtime.planning.shapes import shape_from_hf_config
@@ -76,7 +76,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 
 
 def test_hsdp_beside_ep_gives_one_process_s_logprobs_and_gradients(tmp_path):
-    mp.spawn(_rank, args=(f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}", str(tmp_path)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}", str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert [r["dense_mesh"] for r in ranks] == [(REPLICAS, WORLD // REPLICAS)] * WORLD
     assert [r["dense_placements"] for r in ranks] == [["Replicate", "Shard"]] * WORLD

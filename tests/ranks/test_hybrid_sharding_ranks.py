@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_context_parallel_ranks import TOLERANCE, _batch, _grads, _model, _scores_and_loss
 from test_fsdp_ranks import _adamw, _cfg
 
@@ -60,7 +60,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("hsdp-cp-ranks")
     # a file rendezvous in the test's own directory: a probed free port could be taken before rank 0 binds it
-    mp.spawn(_rank, args=(str(out_dir / "rendezvous"), str(out_dir)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(str(out_dir / "rendezvous"), str(out_dir)), nprocs=WORLD)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

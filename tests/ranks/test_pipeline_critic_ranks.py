@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_fsdp_ranks import _adamw, _cfg
 from test_pipeline_parallel_ranks import TINY, TOLERANCE, _assert_one_process_gradients
 
@@ -147,7 +147,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("pp-critic-ranks")
-    mp.spawn(_rank, args=(str(out_dir / "rendezvous"), str(out_dir)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(str(out_dir / "rendezvous"), str(out_dir)), nprocs=WORLD)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)] + [out_dir]
 
 

@@ -19,9 +19,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.moe_fixture import ROUTER_COEF, cp_batch, cp_moe_model, ep_job_config, whole_gradients
 from rldock_e2e.scored_batch import LAYOUTS
@@ -115,7 +115,7 @@ def _step_gradients(by_dp_rank: list[dict], dp: int) -> tuple[dict, float]:
 def test_the_router_loss_through_pipeline_stages_is_one_process_s(tmp_path):
     # a file rendezvous no earlier group used: a probed free port could be taken before rank 0 binds it
     rendezvous = f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
-    mp.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for passes in PASSES:
         by_dp_rank = _one_process(passes)

@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
@@ -90,7 +90,7 @@ def test_expert_parallel_replay_equals_one_process(tmp_path):
         token_logprobs(unmoved, batch)
     recorded = record.routed_experts()  # (B, L, layers, k), the unmoved routers' choice
     torch.save(recorded, tmp_path / "recorded.pt")
-    mp.spawn(_rank, args=(f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}", str(tmp_path)), nprocs=WORLD)
+    rank_processes.spawn(_rank, args=(f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}", str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     model = _moved_model()

@@ -10,9 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
@@ -59,7 +59,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 
 
 def test_the_reader_reads_and_writes_and_every_rank_runs_its_batches(tmp_path):
-    mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
+    rank_processes.spawn(_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
     reader, peer = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     batches = [b.tolist() for b in BATCHES]
     assert reader["asked"] == [3] * (len(BATCHES) + 1)  # as data-parallel rank 3, until the dock says none

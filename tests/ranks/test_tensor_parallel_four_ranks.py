@@ -9,9 +9,9 @@ import json
 import socket
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytestmark = pytest.mark.ranks
 
@@ -104,7 +104,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD, join=True)
+    rank_processes.spawn(_worker, args=(port, str(out)), nprocs=WORLD)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 

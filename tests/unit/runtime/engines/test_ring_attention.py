@@ -17,9 +17,9 @@ import math
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from rldock.runtime.engines.ring_attention import block_output, block_scores, merge, ring_attention
@@ -111,7 +111,7 @@ def _rank(rank: int, world: int, rendezvous: str, out_dir: str, length: int) -> 
 @pytest.mark.parametrize("world", [2, 3], ids=["cp2", "cp3-heads-not-divided"])
 def test_the_ring_on_gloo_ranks_equals_one_softmax_forward_and_backward(tmp_path, world):
     length = 4 * world  # n = 4 positions per rank
-    mp.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path), length), nprocs=world)
+    rank_processes.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path), length), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name, mask in masks(length).items():
         query, key, value = (t.clone().requires_grad_() for t in inputs(length, seed=2))

@@ -9,9 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import rank_processes
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rldock.runtime.resharding.parallel_mesh import DIMENSIONS, MeshShape, ParallelMesh
 
@@ -135,7 +135,7 @@ def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:
 def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
     world = 4
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_rank, args=(world, str(Path(out) / "rendezvous"), out), nprocs=world, start_method="spawn")
+        rank_processes.spawn(_rank, args=(world, str(Path(out) / "rendezvous"), out), nprocs=world)
         ranks = [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
     for rank, found in enumerate(ranks):
         for shape in SHAPES:
