@@ -5,6 +5,10 @@ rows' trained ids are exactly the ids the engine sampled (the engine's own recor
 `agent/gateway/exact_episodes`, and the dock's columns checked against it on the job's model); held-out
 evaluation runs the same harness, greedily, on the held-out prompts.
 
+The harness posts a step reward after its draft turn (0.1 when the draft holds a digit): the draft turn's, in
+the draft segment's row (the `turn_rewards` that `algorithm.credit: turn` reads). A second, smaller job credits
+the turns of a two-turn harness apart (`credit: turn`, one segment an episode: agent.max_segments 1).
+
 The job runs async with partial rollout (`resume`, ROUND_TOKENS a round): iteration 2's episodes are sampled
 ahead of iteration 1's update, and each one's turn under way when it has sampled ROUND_TOKENS tokens is cut
 there, its HTTP request left open, and finished on the new weights: those turns straddle the update, and
@@ -26,23 +30,34 @@ pytestmark = pytest.mark.integration
 ITERATIONS = 2
 HELD_OUT = 8
 ROUND_TOKENS = 8  # the run-ahead round's budget an episode: its first turn (up to 24 tokens) is cut there
-HARNESS = """
+STEP_REWARD = 0.1  # posted after the draft turn when the draft holds a digit
+HARNESS = f"""
+import httpx
+
+
 async def run(task, client):
     prompt = task["prompt"]
     text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
     draft = await client.chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": text}], max_tokens=24
+        model="policy", messages=[{{"role": "user", "content": text}}], max_tokens=24
     )
+    step = {STEP_REWARD} if any(c.isdigit() for c in draft.choices[0].message.content or "") else 0.0
+    async with httpx.AsyncClient() as http:  # the draft's step reward, to the episode's .../reward
+        await http.post(
+            str(client.base_url).removesuffix("/").removesuffix("/v1") + "/reward",
+            json={{"reward": step}},
+            headers={{"Authorization": f"Bearer {{client.api_key}}"}},
+        )
     # the context compacted: the task and a summary of the draft in one message, a new segment
     summary = (draft.choices[0].message.content or "")[:6]
-    messages = [{"role": "user", "content": text + " Draft: " + summary}]
+    messages = [{{"role": "user", "content": text + " Draft: " + summary}}]
     first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
     messages = [*messages, first.choices[0].message.model_dump(exclude_none=True)]
-    messages.append({"role": "user", "content": "Check it and give the number only."})
+    messages.append({{"role": "user", "content": "Check it and give the number only."}})
     second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
     answer = (second.choices[0].message.content or "").strip()
     digits = [a == b for a, b in zip(answer, task["ground_truth"])]
-    return {"reward": sum(digits) / max(len(task["ground_truth"]), len(answer), 1)}
+    return {{"reward": sum(digits) / max(len(task["ground_truth"]), len(answer), 1)}}
 """
 
 
@@ -79,6 +94,61 @@ def _config(root: Path) -> dict:
     }
 
 
+TWO_TURNS = f"""
+import httpx
+
+
+async def run(task, client):
+    prompt = task["prompt"]
+    messages = [{{"role": "user", "content": prompt if isinstance(prompt, str) else prompt[-1]["content"]}}]
+    first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+    text = first.choices[0].message.content or ""
+    async with httpx.AsyncClient() as http:  # the first turn's step reward
+        await http.post(
+            str(client.base_url).removesuffix("/").removesuffix("/v1") + "/reward",
+            json={{"reward": {STEP_REWARD} if any(c.isdigit() for c in text) else 0.0}},
+            headers={{"Authorization": f"Bearer {{client.api_key}}"}},
+        )
+    messages += [{{"role": "assistant", "content": text}}, {{"role": "user", "content": "The number only."}}]
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+    return float((second.choices[0].message.content or "").strip() == task["ground_truth"])
+"""
+
+
+@pytest.fixture(scope="module")
+def turn_credit_run(tmp_path_factory) -> Path:
+    """A sync job crediting the two turns of each episode apart: the posted step reward is the first turn's."""
+    root = tmp_path_factory.mktemp("harness-turns")
+    (root / "harness.py").write_text(TWO_TURNS)
+    config = _config(root)
+    config.update(
+        name="it-harness-turns",
+        agent={"harness": f"{root / 'harness.py'}:run", "episode_timeout_s": 300, "max_segments": 1},
+        training={"data_parallel_size": 1, "micro_batch_size": 16},
+        rollout={},
+        dock={"timeout_s": 300},
+        evaluation={"interval": 0},
+        monitoring={},
+    )
+    config["algorithm"]["credit"] = "turn"
+    return jobs.run(config, root / "run", max_restarts=None, timeout_s=1200).output
+
+
+def test_a_harness_s_posted_step_rewards_credit_its_turns_apart(turn_credit_run):
+    records = jobs.records(turn_credit_run)
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    for record in records:
+        agent = record["agent"]
+        assert agent["ended/harness_done"] == 16 and agent["turns_mean"] == 2.0, agent
+        # a first turn cut at its max_tokens is not continued: the second turn opens a segment, and
+        # agent.max_segments 1 trains the last (the step reward then sits in the rest, on the last turn)
+        segments = agent["gateway/segments"]
+        assert 16 <= segments <= 32 and agent["gateway/segments_dropped"] == segments - 16, agent
+        assert agent["gateway/exact_episodes"] == 16, agent
+        assert 0.0 <= record["reward_mean"] <= 1.0 + STEP_REWARD
+        assert all(math.isfinite(record[key]) for key in ("loss", "kl", "entropy")), record
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("harness")
@@ -101,7 +171,7 @@ def test_a_plain_openai_harness_trains_every_segment_token_exact(run):
         assert not any("untrained" in key for key in agent), agent
         assert 0.0 < agent["model_token_share"] < 1.0  # the second user turn is context, not trained
         # one reward per episode: the reward state scored 16 episodes, not their 64 rows
-        assert 0.0 <= record["reward_mean"] <= 1.0
+        assert 0.0 <= record["reward_mean"] <= 1.0 + STEP_REWARD
         assert all(math.isfinite(record[key]) for key in ("loss", "kl", "entropy")), record
         update = record["dock"]["controllers"]["update"]  # none dropped: every row of every episode trains
         assert update["samples_handed_out"] == 16 * 4 and update["stale_dropped"] == 0, update
@@ -182,6 +252,12 @@ def test_every_segment_is_a_trained_dock_row_of_the_engines_ids(run):
         in_order = [token for row in [*episode[1:segments], episode[0]] for token in row]
         assert in_order == [token for turn in sampled[e] for token in turn]
         assert len(sampled[e]) == 3
+        # the draft's step reward, posted after the draft turn: that turn's in the draft segment's row (the
+        # episode's second), nothing on the other rows' turns (the returned reward is the last turn's rest)
+        assert result.rewards[0] in (0.0, STEP_REWARD) and result.reward_turns == [(0, 0), None]
+        turn_rewards = columns["turn_rewards"][e * per_episode : (e + 1) * per_episode]
+        assert turn_rewards[1].tolist() == [pytest.approx(result.rewards[0]), 0.0, 0.0, 0.0]
+        assert turn_rewards[0].eq(0).all() and turn_rewards[2:].eq(0).all()
 
 
 def test_held_out_evaluation_runs_the_harness(run):
@@ -192,4 +268,4 @@ def test_held_out_evaluation_runs_the_harness(run):
         assert record["val/agent/ended/harness_done"] == HELD_OUT, record
         assert record["val/agent/turns_mean"] == 3.0
         assert record["val/agent/gateway/exact_episodes"] == HELD_OUT
-        assert 0.0 <= record["val/reward"] <= 1.0
+        assert 0.0 <= record["val/reward"] <= 1.0 + STEP_REWARD

@@ -90,7 +90,7 @@ def test_turn_credit_for_a_critic_takes_no_turn_discount(agent_data):
     "change, path, words",
     [
         ({"algorithm": {"name": "dapo"}}, "algorithm.credit", "dapo has no turn-level estimator"),
-        ({"agent": {"environment": None}}, "algorithm.credit", "no agent.environment"),
+        ({"agent": {"environment": None}}, "algorithm.credit", "neither agent.environment nor a harness"),
         ({"reward": {"terms": [{"name": "format", "pattern": "x"}]}}, "reward.terms", "not 0 environment term(s)"),
         ({"reward": {"terms": [{"name": "environment", "aggregate": "last"}]}}, "reward.terms", "aggregate last"),
         ({"reward": {"terms": [{"name": "environment", "weight": 2}]}}, "reward.terms", "weight 2"),
@@ -106,6 +106,19 @@ def test_what_turn_credit_cannot_run_with_is_named_with_the_fix(agent_data, chan
     for section, values in change.items():
         data[section].update(values)
     assert len([message for message in problem_messages(data, path) if words in message]) == 1
+
+
+@pytest.mark.parametrize(
+    "harness", [{"harness": "my_agent:run"}, {"harness_command": ["python", "agent.py"]}, {"harness_pods": True}]
+)
+def test_turn_credit_with_a_harness_whose_posted_rewards_make_the_reward_is_valid(agent_data, harness):
+    data = _turn_credit(agent_data)
+    data["agent"] = {**harness, "max_segments": 1}
+    cfg = parse_job_config(data)
+    assert cfg.algorithm.credit == "turn" and cfg.agent is not None and cfg.agent.harnessed
+    # an episode of several rows (segments) has turns the row-wise returns cannot follow
+    data["agent"] = harness
+    assert any("set agent.max_segments 1" in m for m in problem_messages(data, "agent.max_segments"))
 
 
 def test_turn_credit_and_turn_gae_need_turns(agent_data):

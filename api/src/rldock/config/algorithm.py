@@ -1,7 +1,6 @@
-"""`algorithm`: what is optimised and how (docs/algorithms/): the algorithm's name, the batch (G prompts x
-N responses), the KL, the clip and each algorithm's own settings (ppo, pf_ppo, dapo, gspo, dpo), with
-the checks that need more than one field (`problems`, rldock.config.problems.SECTION_CHECKS): DAPO's
-and DPO's own, and turn-level credit's."""
+"""`algorithm`: what is optimised and how (docs/algorithms/): the algorithm's name, the batch (G prompts x N
+responses), the KL, the clip and each algorithm's own settings (ppo, pf_ppo, dapo, gspo, dpo), with the checks
+that need more than one field (`problems`, rldock.config.problems.SECTION_CHECKS): DAPO's, DPO's, turn credit's."""
 
 from __future__ import annotations
 
@@ -194,14 +193,14 @@ class AlgorithmSpec(Spec):
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     credit: Literal["trajectory", "turn"] = Field(
         default="trajectory",
-        description="Where a multi-turn episode's rewards sit (docs/algorithms/turn-credit.md). `trajectory`: the "
-        "whole reward on the episode's last turn, one advantage for all of it (the critic-free algorithms) or "
-        "the reward on its last model token (PPO's GAE). `turn`: each turn keeps the environment's reward for "
-        "its step and the rest of the reward goes on the last turn; `grpo`, `gspo`, `rloo`, `reinforce_plus_plus` "
-        "and `reinforce_plus_plus_baseline` then give each turn the return from it onwards (discounted by "
-        "`turn_discount`) against a baseline of the group's whole-episode returns, and `ppo` and `pf_ppo` put "
-        "each turn's reward on its last model token. `turn` needs agent.environment and an `environment` "
-        "reward term of weight 1 that sums the steps.",
+        description="Where a multi-turn episode's rewards sit (docs/algorithms/turn-credit.md). `trajectory`: "
+        "the whole reward on the episode's last turn, one advantage for all of it (the critic-free algorithms) "
+        "or the reward on its last model token (PPO's GAE). `turn`: each turn keeps the reward for its step "
+        "(the environment's, or what a harness posted after it) and the rest of the reward goes on the last "
+        "turn; `grpo`, `gspo`, `rloo`, `reinforce_plus_plus` and `reinforce_plus_plus_baseline` then give each "
+        "turn the return from it onwards (discounted by `turn_discount`) against a baseline of the group's "
+        "whole-episode returns, and `ppo` and `pf_ppo` put each turn's reward on its last model token. `turn` "
+        "needs agent.environment or a harness, and an `environment` reward term of weight 1 that sums the steps.",
     )
     turn_discount: float = Field(
         default=1.0,
@@ -327,8 +326,8 @@ def _dpo_problems(cfg: JobConfig) -> list[Problem]:
 
 def _turn_problems(cfg: JobConfig) -> list[Problem]:
     """What crediting an episode's turns apart (algorithm.credit, turn_discount, gae_unit) needs: turns (an
-    agent), rewards per turn (an environment whose step rewards make the reward, summed, weight 1), and an
-    algorithm that reads them."""
+    agent), rewards per turn (an environment's step rewards or a harness's posted ones, making the reward,
+    summed, weight 1), and an algorithm that reads them."""
     algo, agent = cfg.algorithm, cfg.agent
     problems: list[Problem] = []
     if algo.gae_unit == "turn":
@@ -367,16 +366,26 @@ def _turn_problems(cfg: JobConfig) -> list[Problem]:
                 "reinforce_plus_plus_baseline, ppo or pf_ppo, or credit: trajectory",
             )
         )
-    if agent is None or agent.environment is None:
+    if agent is None or (agent.environment is None and not agent.harnessed):
         problems.append(
             Problem(
                 "algorithm.credit",
-                "`turn` credits each turn with the reward the environment gave its step, and the job has "
-                + ("no agent" if agent is None else "no agent.environment")
+                "`turn` credits each turn with the reward its step earned (the environment's, or what a harness "
+                "posts to .../reward after the turn), and the job has "
+                + ("no agent" if agent is None else "neither agent.environment nor a harness")
                 + ": every reward would sit on the last turn; set agent.environment or use credit: trajectory",
             )
         )
         return problems
+    if agent.harnessed and agent.max_segments > 1:
+        problems.append(
+            Problem(
+                "agent.max_segments",
+                f"{agent.max_segments} rows per episode with algorithm.credit `turn`: turn-level returns run over one "
+                "row's turns, and a harness's episode of several segments is several rows; set agent.max_segments 1 "
+                "(the last segment trains) or use credit: trajectory",
+            )
+        )
     terms = [term for term in cfg.reward.terms if term.name == "environment"]
     if len(terms) != 1 or (terms[0].aggregate or "sum") != "sum" or terms[0].weight != 1:
         problems.append(

@@ -31,7 +31,7 @@ from rldock.runtime.agent.interfaces import (
     Tool,
     ToolResult,
 )
-from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
+from rldock.runtime.agent.trajectory import turn_columns
 from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.chat.parsers import HermesParser
 from rldock.runtime.engines.vllm_rollout import Completion
@@ -172,15 +172,13 @@ def test_dock_columns_carry_both_masks(tokenizer):
         assert columns["response_mask"][row, length:].sum() == 0
     assert columns["num_tool_calls"].tolist() == [1, 0] and columns["num_turns"].tolist() == [2, 1]
     assert columns["policy_version"].tolist() == [7, 7]
-    # Each model token is of its turn, every other token -1; the same as counting the mask's runs here.
+    # Each model token is of its turn, every other token -1.
     mask = episodes[0].model_mask
     first = mask.index(0)  # the tool call's turn opens the response
     second = len(mask) - 1 - mask[::-1].index(0)  # the last token not the model's
     tool, second = second + 1 - first, len(mask) - second - 1
     assert columns["turn_index"][0, : len(episodes[0].response)].tolist() == [0] * first + [-1] * tool + [1] * second
     assert columns["turn_index"][0, len(episodes[0].response) :].eq(-1).all()
-    for episode in episodes:
-        assert episode.turn_index == turn_index_from_mask(episode.model_mask)
     assert columns["turn_rewards"].tolist() == [[0.0] * 4] * 2  # no environment: no step rewards
 
 
@@ -334,7 +332,6 @@ def test_a_step_reward_lands_on_the_turn_it_answered_not_the_step_count(tokenize
 def test_turn_columns_refuse_what_does_not_fit():
     with pytest.raises(ValueError, match="max_turns 1"):
         turn_columns([[0, 0, -1, 1]], [[0.0, 1.0]], max_response_length=8, max_turns=1)
-    assert turn_index_from_mask([0, 1, 1, 0, 0, 1, 0]) == [-1, 0, 0, -1, -1, 1, -1]
 
 
 def test_a_reset_message_opens_the_response_and_the_seeds_replay(tokenizer):

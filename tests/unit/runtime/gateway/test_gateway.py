@@ -24,10 +24,11 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.gateway.answers import RequestError, Turn, chat_request
-from rldock.runtime.gateway.episodes import GatewayEpisodes
+from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
 from rldock.runtime.gateway.harness_runner import HarnessError, load_harness
+from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums
+from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums, turn_credit
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutSetup
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
@@ -95,6 +96,7 @@ def test_a_harness_of_tool_calls_trains_on_exactly_the_sampled_ids(episodes, tok
     (result,) = runner.run(engine, tasks=tasks, prompts=[[1, 2]], keys=[7], seed=3)
     assert result.ended == "harness_done" and result.turns == 2 and result.tool_calls == 1
     assert result.rewards == [0.25, 1.0]  # the step posted, then the return value
+    assert result.reward_turns == [(0, 0), None]  # posted after the first turn; the returned one follows no post
     assert result.segments == ["start"] and result.exact
     first, second = seen(out)["tools"]
     # the answer carries the ids and logprobs, and the call parsed into OpenAI's shape
@@ -125,6 +127,8 @@ def test_a_harness_of_tool_calls_trains_on_exactly_the_sampled_ids(episodes, tok
     # the driver's response length: every token after the prompt, the tool's included
     assert columns["response_length"].tolist() == [len(row.ids) - row.prompt_length]
     assert sorted(set(columns["turn_index"][0].tolist())) == [-1, 0, 1]  # two turns, the tool's tokens none
+    # algorithm.credit turn: the posted step's reward on the turn it followed (the returned one goes on the last)
+    assert columns["turn_rewards"][0].tolist() == [0.25, 0.0, 0.0, 0.0]
     # Rebuilt from the messages, the first turn would lose its call: this template writes an assistant message's
     # content only, and an answer of calls has none. Every held id from that turn on drifts.
     assert result.drift_tokens == len(row.ids) - len(first["prompt_token_ids"])
@@ -594,3 +598,40 @@ def test_a_turn_cut_at_a_weight_update_is_resumed_and_answered_once_whole(tokeni
     assert [row.logprobs[i] for i in model] == [-1.0] * 4 + [-2.0] * (len(whole) - 4)
     assert all(row.versions[i] == -1 for i, m in enumerate(row.model_mask) if not m)
     assert [short.row.versions[i] for i, m in enumerate(short.row.model_mask) if m] == [0, 0]
+
+
+def _segment(turn_index: list[int]) -> SegmentRow:
+    mask = [int(turn >= 0) for turn in turn_index]
+    return SegmentRow([1, *range(2, 2 + len(mask))], 1, mask, "start", [0] * len(mask), [0.0] * len(mask), turn_index)
+
+
+def test_a_posted_reward_is_credited_to_the_turn_it_followed_in_its_segment_s_row():
+    first, last = _segment([0, -1, 1, -1, 2]), _segment([0, 0, -1, 1, 2, 3, 4])
+    result = EpisodeResult(
+        row=last,
+        ended="harness_done",
+        rewards=[0.5, 0.1, 0.2, 0.3, 0.4, 1.0],
+        turns=8,
+        tool_calls=0,
+        rows=[first, last],
+        # posted after segment 0's turns 0 and 2 and segment 1's turns 1, 3 and 4; then the returned one
+        reward_turns=[(0, 0), (0, 2), (1, 1), (1, 3), (1, 4), None],
+    )
+    # max_steps 4 keeps the latest 4 rewards (the environment term's): segment 0's two posts are left out, and
+    # segment 1's turns past the fourth count as its fourth
+    assert turn_credit(result, 0, max_steps=4) == ([0, -1, 1, -1, 2], [0.0, 0.0, 0.0])
+    assert turn_credit(result, 1, max_steps=4) == ([0, 0, -1, 1, 2, 3, 3], [0.0, 0.2, 0.0, 0.7])
+    # with room for every reward, each post lands on its own turn
+    assert turn_credit(result, 0, max_steps=8)[1] == [0.5, 0.0, 0.1]
+    columns = harness_columns(
+        [result],
+        rows_per_episode=2,
+        prompt_capacity=4,
+        response_capacity=8,
+        max_steps=4,
+        pad_token_id=0,
+        policy_version=0,
+    )
+    expected = torch.tensor([[0.0, 0.2, 0.0, 0.7], [0.0, 0.0, 0.0, 0.0]])  # float32; the last segment's row first
+    assert torch.equal(columns["turn_rewards"], expected)
+    assert columns["turn_index"][0, :7].tolist() == [0, 0, -1, 1, 2, 3, 3]

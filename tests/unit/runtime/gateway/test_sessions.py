@@ -257,3 +257,16 @@ def test_a_token_prompt_extends_when_the_held_ids_are_its_prefix(session, tokeni
     (segment,) = session.segments
     assert segment.model_ids() == [8, tokenizer.eos_token_id, 11]
     assert session.plan_ids([5, 6, 9]).reason == "prompt_ids_differ"
+
+
+def test_each_token_knows_its_turn_and_a_reward_follows_the_latest_turn(session, tokenizer):
+    assert session.latest_turn() is None  # a reward posted now follows no turn
+    session.commit(session.plan_ids([5, 6, 7]), [8, 9], ended_turn=True, answer={"role": "assistant"})
+    assert session.latest_turn() == (0, 0)
+    session.commit(session.plan_ids([5, 6, 7, 8, 9, 4]), [11, 12], ended_turn=True, answer={"role": "assistant"})
+    (segment,) = session.segments
+    assert segment.turn_index == [0, 0, -1, 1, 1] and session.latest_turn() == (0, 1)
+    session.commit(session.plan_ids([1]), [13], ended_turn=True, answer={"role": "assistant"})  # a segment of its own
+    assert session.latest_turn() == (1, 0)
+    first, second = session.rows(prompt_capacity=2)  # the first prompt spills one token into the response
+    assert first.turn_index == [-1, 0, 0, -1, 1, 1] and second.turn_index == [0]

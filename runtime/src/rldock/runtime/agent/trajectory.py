@@ -21,19 +21,6 @@ def final_turn_span(model_mask: Sequence[int]) -> slice:
     return slice(start, end)
 
 
-def turn_index_from_mask(model_mask: Sequence[int]) -> list[int]:
-    """Per token, the model turn it is of (0, 1, ...; -1 where the model did not sample it), for a trajectory
-    known only by its mask: each run of model tokens is one turn. (The native loop counts its turns as it
-    samples them, `Episode.turn_index`, so that a turn is one even where no token separates it from the next.)"""
-    turn, index, previous = -1, [], 0
-    for sampled in model_mask:
-        if sampled and not previous:
-            turn += 1
-        index.append(turn if sampled else -1)
-        previous = sampled
-    return index
-
-
 def turn_columns(
     turn_indices: Sequence[Sequence[int]],
     turn_rewards: Sequence[Sequence[float]],
@@ -46,7 +33,8 @@ def turn_columns(
 
     - `turn_index` (B, SL) int64: per response token, the model turn k (from 0) it was sampled in; -1 on
       tool, environment and padding tokens. `turn_indices[b]` covers the trajectory's tokens after the
-      prompt, the model's turns numbered in order from 0 (`turn_index_from_mask` where only a mask is known).
+      prompt, the model's turns numbered in order from 0 as they were sampled (a turn is one even where no
+      token separates it from the next).
     - `turn_rewards` (B, max_turns) float32: the environment's reward for the step each model turn took (0
       for a turn that called tools or got no step, and past the trajectory's turns). `turn_rewards[b]` has
       at most one entry per turn.

@@ -78,6 +78,12 @@ class EpisodeResult:
     resends: int = 0
     final_turn: list[int] = field(default_factory=list)  # the ids of the episode's last model turn
     rows: list[SegmentRow] = field(default_factory=list)  # every segment's, in order (`row` the last)
+    # per reward, the (segment, turn) of `rows` it follows: a posted one's turn (Session.latest_turn), None for
+    # one posted before any turn and for the returned ones (algorithm.credit: turn puts those on the last turn)
+    reward_turns: list[tuple[int, int] | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        assert len(self.reward_turns) == len(self.rewards), "a place for every reward, None where it has none"
 
 
 @dataclass
@@ -306,9 +312,20 @@ class GatewayEpisodes:
                     ended,
                     [version] * len(turn),
                     logprobs_of(completion),
+                    [0] * len(turn),
                 )
                 results.append(
-                    EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=turn, rows=[row])
+                    EpisodeResult(
+                        row,
+                        ended,
+                        list(episode.rewards),
+                        1,
+                        0,
+                        [ended],
+                        final_turn=turn,
+                        rows=[row],
+                        reward_turns=[None] * len(episode.rewards),  # posted before the turn it has now
+                    )
                 )
                 continue
             results.append(self._result(episode.session, episode, outcome))
@@ -342,6 +359,7 @@ class GatewayEpisodes:
             resends=episode.resends,
             final_turn=list(last.sampled[-1]),
             rows=rows,
+            reward_turns=[*episode.reward_turns, *[None] * len(outcome.rewards)],
         )
 
     def _drift(self, segment: Segment, tools: list[dict]) -> int | None:

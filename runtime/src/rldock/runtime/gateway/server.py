@@ -12,7 +12,8 @@ that opens that session only):
   chat turn under another shape: its input items become chat messages, its answer output items
   (responses.py says what each field becomes; `previous_response_id` continues this episode's response).
 - `GET /sessions/<episode>/v1/models`: the one model served.
-- `POST /sessions/<episode>/reward`: `{"reward": x}`, a reward for the episode's latest step.
+- `POST /sessions/<episode>/reward`: `{"reward": x}`, a reward for the episode's latest step: the model turn
+  answered last before it (what `algorithm.credit: turn` credits it to).
 - `GET /health`.
 
 Limits, each refusal OpenAI's error body naming the field: a body past `max_body_bytes`, `n` other than 1,
@@ -326,6 +327,8 @@ class Episode:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     requests: int = 0  # engine requests made (each turn's seed key)
     rewards: list[float] = field(default_factory=list)  # POST .../reward, in order
+    # each posted reward's turn: (segment, turn) of the model turn answered last before it (None: before any)
+    reward_turns: list[tuple[int, int] | None] = field(default_factory=list)
     resends: int = 0  # requests answered from the record
     tool_calls: int = 0  # calls in the answers given
     refused: int = 0  # turns the engine refused (EngineRefused)
@@ -613,6 +616,7 @@ class Gateway:
             except RequestError as error:
                 return refused(error)
             episode.rewards.append(float(value))
+            episode.reward_turns.append(episode.session.latest_turn())
             return JSONResponse({"rewards": len(episode.rewards)})
 
         @app.get("/sessions/{name}/v1/models")

@@ -67,6 +67,8 @@ class Segment:
     # (0.0 where the model did not, or the engine was not asked for logprobs)
     versions: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # per response token: the segment's model turn (0, 1, ...) that sampled it, -1 where the model did not
+    turn_index: list[int] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)  # the last request's messages, then the answer
     sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the engine returned them
     extendable: bool = True  # the last turn ended with the end-of-turn token
@@ -86,6 +88,7 @@ class Segment:
     ) -> None:
         self.response_ids.extend(ids)
         self.model_mask.extend([int(model)] * len(ids))
+        self.turn_index.extend([self.turns if model else -1] * len(ids))  # `commit` counts the turn after
         self.versions.extend(versions if versions is not None else [-1] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
@@ -110,7 +113,8 @@ class Plan:
 class SegmentRow:
     """A segment as one dock sample: `ids` are the prompt then the response; `prompt_length` of them
     are the prompt; `model_mask` (over the response) marks the sampled tokens, `versions` and `logprobs`
-    (over the response) the version that sampled each (-1 elsewhere) and its logprob then (0.0 elsewhere)."""
+    (over the response) the version that sampled each (-1 elsewhere) and its logprob then (0.0 elsewhere),
+    `turn_index` (over the response) the segment's model turn of each (-1 elsewhere)."""
 
     ids: list[int]
     prompt_length: int
@@ -118,6 +122,7 @@ class SegmentRow:
     reason: str
     versions: list[int]
     logprobs: list[float]
+    turn_index: list[int]
 
 
 def content_text(content: Any) -> str:
@@ -223,6 +228,13 @@ class Session:
         self.segments: list[Segment] = []
         self._answers: dict[str, Any] = {}  # request digest -> the answer given
 
+    def latest_turn(self) -> tuple[int, int] | None:
+        """(segment, turn within it) of the last model turn recorded, None before the first: the turn a
+        reward posted now follows."""
+        if not self.segments:
+            return None
+        return len(self.segments) - 1, self.segments[-1].turns - 1
+
     def recorded(self, digest: str) -> Any | None:
         """The answer already given to the request of `digest`, or None."""
         return self._answers.get(digest)
@@ -298,6 +310,7 @@ class Session:
                     segment.reason,
                     [-1] * spill + segment.versions,
                     [0.0] * spill + segment.logprobs,
+                    [-1] * spill + segment.turn_index,
                 )
             )
         return rows

@@ -36,7 +36,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.episode_metrics import Sums
-from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
+from rldock.runtime.agent.trajectory import turn_columns
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
@@ -171,11 +171,24 @@ class HarnessRollout(EpisodeRounds):
             self._episodes.close()
 
 
-def kept_rows(result: EpisodeResult, rows_per_episode: int) -> tuple[list[SegmentRow], list[SegmentRow]]:
-    """(the episode's rows for the dock, at most `rows_per_episode`: its last segment's, then its earliest
-    ones in order; the segments' rows past that bound)."""
-    earlier = result.rows[:-1]
-    return [result.row, *earlier[: rows_per_episode - 1]], earlier[rows_per_episode - 1 :]
+def kept_segments(result: EpisodeResult, rows_per_episode: int) -> tuple[list[int], list[int]]:
+    """(the episode's segments for the dock, at most `rows_per_episode`: its last, then its earliest ones in
+    order; the segments past that bound), as indices of `result.rows`."""
+    earlier = list(range(len(result.rows) - 1))
+    return [len(result.rows) - 1, *earlier[: rows_per_episode - 1]], earlier[rows_per_episode - 1 :]
+
+
+def turn_credit(result: EpisodeResult, segment: int, *, max_steps: int) -> tuple[list[int], list[float]]:
+    """A segment's turn columns (rldock.runtime.agent.trajectory.turn_columns): per response token its model
+    turn, and per turn the rewards the harness posted after it, of the latest `max_steps` rewards that the
+    episode keeps (`environment_rewards`). A segment's turns past `max_steps` count as its last column's."""
+    last = max_steps - 1
+    turn_index = [min(turn, last) for turn in result.rows[segment].turn_index]
+    per_turn = [0.0] * (max(turn_index, default=-1) + 1)
+    for reward, place in list(zip(result.rewards, result.reward_turns))[-max_steps:]:
+        if place is not None and place[0] == segment:
+            per_turn[min(place[1], last)] += reward
+    return turn_index, per_turn
 
 
 def result_sums(
@@ -205,7 +218,9 @@ def result_sums(
             key = f"counts/gateway/segment/{reason}"
             sums[key] = float(sums.get(key, 0.0)) + 1  # type: ignore[arg-type]
     if rows_per_episode is not None:
-        dropped = [row.reason for result in results for row in kept_rows(result, rows_per_episode)[1]]
+        dropped = [
+            result.rows[segment].reason for result in results for segment in kept_segments(result, rows_per_episode)[1]
+        ]
         sums["counts/gateway/segments_dropped"] = float(len(dropped))
         for reason in dropped:
             key = f"counts/gateway/segment_dropped/{reason}"
@@ -236,15 +251,20 @@ def harness_columns(
     attention = torch.zeros((rows, response_capacity), dtype=torch.int64)  # (B, SL)
     rewards = torch.zeros((rows, max_steps), dtype=torch.float32)  # (B, max_turns)
     steps = torch.zeros((rows,), dtype=torch.int64)
-    model_masks: list[list[int]] = []
     versions: list[list[int]] = []  # per row, over its response
     logprobs: list[list[float]] = []
+    turn_indices: list[list[int]] = []  # per row, over its response
+    turn_rewards: list[list[float]] = []  # per row, per turn
     for e, result in enumerate(results):
-        kept, _ = kept_rows(result, rows_per_episode)
+        kept, _ = kept_segments(result, rows_per_episode)
         kept_rewards = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
-        empty = SegmentRow(result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty", [], [])
-        for j, row in enumerate([*kept, *[empty] * (rows_per_episode - len(kept))]):
+        empty = SegmentRow(
+            result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty", [], [], []
+        )
+        for j in range(rows_per_episode):
             i = e * rows_per_episode + j
+            row = result.rows[kept[j]] if j < len(kept) else empty
+            turns, per_turn = turn_credit(result, kept[j], max_steps=max_steps) if j < len(kept) else ([], [])
             prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
             assert len(response) <= response_capacity, "the gateway bounds each turn by the row's response width"
             if prompt:
@@ -255,9 +275,10 @@ def harness_columns(
             attention[i, : len(response)] = 1
             rewards[i, : len(kept_rewards)] = torch.tensor(kept_rewards, dtype=torch.float32)
             steps[i] = len(kept_rewards)
-            model_masks.append(row.model_mask)
             versions.append(row.versions)
             logprobs.append(row.logprobs)
+            turn_indices.append(turns)
+            turn_rewards.append(per_turn)
 
     def per_row(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64).repeat_interleave(rows_per_episode)  # (B,)
@@ -276,13 +297,7 @@ def harness_columns(
             "num_tool_errors": torch.zeros((rows,), dtype=torch.int64),
             "environment_rewards": rewards,
             "num_environment_steps": steps,
-            # a harness's rewards are the episode's, not a turn's: turn-level credit needs agent.environment
-            **turn_columns(
-                [turn_index_from_mask(mask) for mask in model_masks],
-                [[] for _ in model_masks],
-                max_response_length=response_capacity,
-                max_turns=max_steps,
-            ),
+            **turn_columns(turn_indices, turn_rewards, max_response_length=response_capacity, max_turns=max_steps),
         },
         batch_size=[rows],
     )
