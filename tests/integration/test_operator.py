@@ -412,7 +412,9 @@ def test_lost_worker_pod_restarts_the_attempt(world: World):
     world.apply(rljob(name))
     _, first = world.running(name)
     (worker,) = [p for p in world.pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
-    world.core.delete_namespaced_pod(worker["metadata"]["name"], world.namespace)
+    # Gone at once (grace period 0, as a node's death ends in): a pod deleted gracefully is a drain
+    # instead, recorded Preempted with no restart counted, if a round sees it terminating.
+    world.core.delete_namespaced_pod(worker["metadata"]["name"], world.namespace, grace_period_seconds=0)
     status = world.wait_status(name, "restartCount 1", lambda s: s.get("restartCount") == 1)["status"]
     retrying = next(c for c in status["conditions"] if c["type"] == "Retrying")
     assert retrying["reason"] == "WorkerPodLost", retrying
