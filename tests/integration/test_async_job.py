@@ -6,15 +6,18 @@ is on-policy. Either way nothing is dropped as stale and each iteration trains o
 The pipeline on sharded ranks: the staleness-1 job runs the tiny MoE (4 experts, 2 per token) at DP 2,
 once on DDP ranks and once on FSDP x EP 2 ranks with allgather_swap (the shards swapped to the host while
 generating; after every update the shards all-gathered and the experts gathered over the EP group into
-each rank's engine). Each actor rank runs its calls in the order the driver queued them, so the next
-iteration's generation and old-logprob pass (collective under FSDP and EP) run before this iteration's
-update on every rank alike, and the last iteration's update brings back the state the previous update's
-export swapped out (no pass of its own runs between them).
+the engine), both at generation TP 2: one vLLM engine of TP 2 on rank 0 generates for both ranks, rank 1
+holds none. Each actor rank runs its calls in the order the driver queued them, so the next iteration's
+generation (rank 0's) and old-logprob pass (collective under FSDP and EP: rank 1 waits in it while rank 0
+generates) run before this iteration's update on every rank alike, and the last iteration's update brings
+back the state the previous update's export swapped out (no pass of its own runs between them). The DP 1
+jobs here and in test_harness_job.py and test_agent_partial_job.py run ahead at generation TP 1.
 
 What proves it right: iterations 1 and 2 both sample from the initial weights (the second's generation
-and old-logprob pass run ahead of the first update), so the FSDP x EP job must sample the DDP job's
-responses (rewards and lengths exactly) and train on them as it does, up to float32 reassociation (FSDP's
-gathers and reduce-scatters, EP's all-to-all sum in another order; tolerance below). From iteration 3 the
+and old-logprob pass run ahead of the first update), so the FSDP x EP job's engine must sample the DDP
+job's responses (rewards and lengths exactly: two TP-2 engines loaded from the same files) and train on
+them as it does, up to float32 reassociation (FSDP's gathers and reduce-scatters, EP's all-to-all sum in
+another order; tolerance below). From iteration 3 the
 engines sample from weights that differ by that rounding, which may flip a sampled token, so there every
 job is held to the float32 gap between its engine and its old-logprob pass (jobs.check_float32_gap: the
 engine holds exactly the weights that pass ran on; one that missed an update's push is off by 1e-3 and
@@ -43,11 +46,12 @@ TRAINING = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "clip_fraction"
 NUM_TERMS = 2 * (128 + 128 + 256 + 128 + 2) + 16 + G * N * 6
 MOE = {"builder": "tiny-qwen3-moe"}
 FSDP_X_EP = {"strategy": "fsdp", "expert_parallel_size": 2, "resharding": "allgather_swap"}
+GENERATION_TP2 = {"cpu_kv_cache_gib": 0.25, "tensor_parallel_size": 2}  # one engine for the two ranks
 # The jobs' changes to the base config below, by section.
 JOBS: dict[str, dict[str, dict[str, Any]]] = {
     "on_policy": {"dock": {"max_staleness": 0}},
-    "ddp": {"model": MOE, "training": {"data_parallel_size": 2}},
-    "fsdp_x_ep": {"model": MOE, "training": {"data_parallel_size": 2, **FSDP_X_EP}},
+    "ddp": {"model": MOE, "training": {"data_parallel_size": 2}, "rollout": GENERATION_TP2},
+    "fsdp_x_ep": {"model": MOE, "training": {"data_parallel_size": 2, **FSDP_X_EP}, "rollout": GENERATION_TP2},
 }
 
 
@@ -98,6 +102,7 @@ def test_async_samples_are_as_stale_as_the_bound_allows(runs, job, expected):
         update = record["dock"]["controllers"]["update"]
         assert update["samples_handed_out"] == G * N and update["stale_dropped"] == 0, record["iteration"]
         assert record["timing"]["update"] > 0 and 0 <= record["reward_mean"] <= 1
+        assert record["rollout/num_engines"] == 1  # DP 1, or DP 2 at generation TP 2
 
 
 def test_fsdp_x_ep_ranks_run_ahead_as_ddp_ranks_do(runs):

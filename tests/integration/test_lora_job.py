@@ -1,6 +1,8 @@
-"""LoRA end to end: a real GRPO job (local Ray, vLLM rollout, DDP over two ranks) trains only the
-adapters, with the reference pass on the actors (adapters off, no reference ranks), and resumes
-from its adapters; and the merged weights a sync hands to vLLM give the trained policy's logprobs."""
+"""LoRA end to end: a real GRPO job (local Ray, vLLM rollout, DDP over two ranks with one engine of
+generation TP 2 for both) trains only the adapters, with the reference pass on the actors (adapters
+off, no reference ranks), and resumes from its adapters; the engine samples with the merged weights
+its old-logprob pass runs on (the float32 gap, every iteration); and the merged weights a sync hands
+to vLLM give the trained policy's logprobs."""
 
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ def _job(model_dir: Path, iterations: int) -> dict:
             "lora": {"rank": 4, "alpha": 8, "target_modules": TARGETS},
         },
         "resources": {"devices_per_node": 2},  # two actor ranks; no reference ranks under LoRA
+        "rollout": {"tensor_parallel_size": 2},  # rank 0's engine: rank 1 merges and pushes nothing
+        "monitoring": {"mismatch": {"max_kl": 10, "action": "warn"}},  # the engine's gap, measured only
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2, "keep_last": 3},
     }
@@ -58,6 +62,9 @@ def test_a_lora_job_updates_only_adapted_weights_and_resumes_from_its_adapters(t
     records = jobs.run(config, output, {"iterations": 3}, resume=True, max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert all(r["kl"] >= 0 for r in records) and records[-1]["kl"] > 0  # the reference pass ran (adapters off)
+    for record in records:  # after each update the engine holds the merged adapters: no gap but float32's
+        assert record["rollout/num_engines"] == 1
+        jobs.check_float32_gap(record)
     base = _weights(tmp_path / "model")
     checkpoints = output / "checkpoints"
     second, third = _weights(checkpoints / "iter-000002" / "policy"), _weights(checkpoints / "iter-000003" / "policy")

@@ -88,9 +88,7 @@ def test_generation_tp_must_split_the_models_heads(tmp_path, demo_data):
     ("section", "setting"),
     [
         ("resources", {"phase_schedule": "serial"}),
-        ("training", {"mode": "async"}),
-        ("training", {"lora": {"rank": 4}}),
-        ("rollout", {"sleep_level": 2}),
+        ("rollout", {"sleep_level": 2}),  # the sleep cycle runs on accelerators only: not run at generation TP > 1
     ],
 )
 def test_combinations_not_run_with_an_engine_over_several_ranks_are_refused(demo_data, section, setting):
@@ -98,6 +96,32 @@ def test_combinations_not_run_with_an_engine_over_several_ranks_are_refused(demo
     demo_data.setdefault("rollout", {})["tensor_parallel_size"] = 2
     demo_data.setdefault(section, {}).update(setting)
     assert "rollout.tensor_parallel_size" in [p.path for p in problems(demo_data)]
+
+
+# Run at generation TP 2 by tests/integration/test_async_job.py (DDP and FSDP x EP, run ahead) and
+# test_lora_job.py (the merged adapters pushed into one engine for two DDP ranks).
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"training": {"mode": "async"}, "dock": {"max_staleness": 1}},
+        {
+            "training": {"mode": "async"},
+            "dock": {"max_staleness": 1},
+            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 3},
+        },
+        {
+            "training": {"mode": "async", "strategy": "fsdp", "resharding": "allgather_swap"},
+            "dock": {"max_staleness": 1},
+        },
+        {"training": {"lora": {"rank": 4}}},
+    ],
+)
+def test_async_partial_rollout_and_lora_take_an_engine_over_several_ranks(demo_data, changes):
+    demo_data["training"].update(data_parallel_size=2, tensor_parallel_size=1)
+    demo_data.setdefault("rollout", {})["tensor_parallel_size"] = 2
+    for section, fields in changes.items():
+        demo_data.setdefault(section, {}).update(fields)
+    assert parse_job_config(demo_data).rollout.tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize("device", ["npu", "cuda"])

@@ -308,7 +308,7 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
     """Generation TP: replicas of rollout.tensor_parallel_size consecutive actor ranks, one engine
     each on its first rank, taking whole prompt groups for the replica, on one node (vLLM's TP
     workers of one engine run on the engine's node)."""
-    algo, training, layout = cfg.algorithm, cfg.training, job_layout(cfg)
+    algo, layout = cfg.algorithm, job_layout(cfg)
     gen_tp, ranks = layout.generation_tp, layout.num_actor_ranks
     if gen_tp == 1:
         return []
@@ -342,19 +342,19 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
                 f"resources.devices_per_node ({cfg.resources.devices_per_node})",
             )
         )
-    # Combinations not run yet with an engine spanning several ranks (the async pipeline and partial
-    # rollout keep per-rank generation state; LoRA merges and level-2 sleep push a rank's own weights).
-    for other, value, why in (
-        ("training.mode", training.mode == "async", "the async pipeline generates on every actor rank"),
-        ("training.lora", training.lora is not None, "LoRA's merged-weight push has run at generation TP 1 only"),
-        (
-            "rollout.sleep_level",
-            cfg.rollout.sleep_level == 2,
-            "level 2 re-pushes each rank's own weights, which engine-less ranks do not hold",
-        ),
-    ):
-        if value:
-            problems.append(Problem(field, f"{gen_tp} with {other}: {why}; use {field} 1 with it"))
+    # The async pipeline and LoRA run at any generation TP: an engine-less rank's calls wait in its
+    # replica's collectives, in the order the driver queued them on every rank, and under DDP the
+    # engine's rank holds the whole (merged) policy it pushes.
+    if cfg.rollout.sleep_level == 2:
+        # Level 2 reloads the engine rank's own weights on waking; the sleep cycle runs on accelerators
+        # only (vllm_rollout.SleepCycle), so that reload has not run with an engine over several ranks.
+        problems.append(
+            Problem(
+                field,
+                f"{gen_tp} with rollout.sleep_level 2: its reload on waking has run at generation TP 1 only; use "
+                f"{field} 1 with it, or sleep_level 1",
+            )
+        )
     if cfg.resources.phase_schedule == "serial":
         # The engine's TP workers generate on the replica's other devices, which take no rollout turn.
         problems.append(
