@@ -28,7 +28,7 @@ from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
 from rldock.runtime.gateway.harness_runner import HarnessError, load_harness
 from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums, turn_credit
+from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums, segment_turn_columns
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutSetup
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
@@ -619,10 +619,10 @@ def test_a_posted_reward_is_credited_to_the_turn_it_followed_in_its_segment_s_ro
     )
     # max_steps 4 keeps the latest 4 rewards (the environment term's): segment 0's two posts are left out, and
     # segment 1's turns past the fourth count as its fourth
-    assert turn_credit(result, 0, max_steps=4) == ([0, -1, 1, -1, 2], [0.0, 0.0, 0.0])
-    assert turn_credit(result, 1, max_steps=4) == ([0, 0, -1, 1, 2, 3, 3], [0.0, 0.2, 0.0, 0.7])
+    assert segment_turn_columns(result, 0, max_steps=4) == ([0, -1, 1, -1, 2], [0.0, 0.0, 0.0])
+    assert segment_turn_columns(result, 1, max_steps=4) == ([0, 0, -1, 1, 2, 3, 3], [0.0, 0.2, 0.0, 0.7])
     # with room for every reward, each post lands on its own turn
-    assert turn_credit(result, 0, max_steps=8)[1] == [0.5, 0.0, 0.1]
+    assert segment_turn_columns(result, 0, max_steps=8)[1] == [0.5, 0.0, 0.1]
     columns = harness_columns(
         [result],
         rows_per_episode=2,

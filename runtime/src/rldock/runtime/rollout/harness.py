@@ -178,7 +178,7 @@ def kept_segments(result: EpisodeResult, rows_per_episode: int) -> tuple[list[in
     return [len(result.rows) - 1, *earlier[: rows_per_episode - 1]], earlier[rows_per_episode - 1 :]
 
 
-def turn_credit(result: EpisodeResult, segment: int, *, max_steps: int) -> tuple[list[int], list[float]]:
+def segment_turn_columns(result: EpisodeResult, segment: int, *, max_steps: int) -> tuple[list[int], list[float]]:
     """A segment's turn columns (rldock.runtime.agent.trajectory.turn_columns): per response token its model
     turn, and per turn the rewards the harness posted after it, of the latest `max_steps` rewards that the
     episode keeps (`environment_rewards`). A segment's turns past `max_steps` count as its last column's."""
@@ -264,7 +264,7 @@ def harness_columns(
         for j in range(rows_per_episode):
             i = e * rows_per_episode + j
             row = result.rows[kept[j]] if j < len(kept) else empty
-            turns, per_turn = turn_credit(result, kept[j], max_steps=max_steps) if j < len(kept) else ([], [])
+            turns, per_turn = segment_turn_columns(result, kept[j], max_steps=max_steps) if j < len(kept) else ([], [])
             prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
             assert len(response) <= response_capacity, "the gateway bounds each turn by the row's response width"
             if prompt:
