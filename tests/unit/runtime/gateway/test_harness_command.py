@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -299,3 +300,54 @@ def test_a_command_that_cannot_be_started_ends_its_episode_saying_why():
         "exited 127" in outcome.error
         and "cannot start '/nonexistent/agent': No such file or directory" in outcome.error
     )
+
+
+# --- confinement: a command cannot read the pod's tokens from its other processes -------------------------------
+
+_PEEK_FROM_A_COMMAND = """
+import ctypes, json, os, shutil, subprocess, sys
+from rldock.config.agent_harness import HarnessCommandLimits
+from rldock.runtime.gateway.harness_runner import limited
+python = sys.executable
+if os.getuid() == 0:  # an ordinary uid (root reads every process's files), dumpable as when started under it
+    python = shutil.which("python3", path="/usr/bin:/bin")  # one uid 65534 may run (not under /root)
+    if python is None:
+        print(json.dumps(None))
+        sys.exit(0)
+    os.setgid(65534)
+    os.setuid(65534)
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+def run(command, confined):
+    argv = [python, *limited(command, HarnessCommandLimits(), {"PATH": "/usr/bin:/bin"})[1:]] if confined else command
+    return subprocess.run(argv, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+seen = {}
+for confined in (False, True):  # this process holds the token, as Ray's and the actors' do in a Ray pod
+    environ = run(["cat", f"/proc/{os.getpid()}/environ"], confined)
+    signal = run(["sh", "-c", f"kill -0 {os.getpid()}"], confined)
+    seen[str(confined)] = [int(b"pod-secret" in environ.stdout), environ.stderr.decode(), signal.returncode]
+print(json.dumps(seen))
+"""
+
+
+def test_a_command_cannot_read_the_tokens_of_the_pods_other_processes_nor_signal_them():
+    """The red team's finding: a harness command read RAY_AUTH_TOKEN from the environ of a Ray pod's process of
+    its uid. In its own Landlock domain the command is refused what ptrace guards of a process outside it."""
+    from rldock.runtime.sandbox.kernel import landlock_abi
+
+    if landlock_abi() < 1:
+        pytest.skip("this kernel has no Landlock: the command runs unconfined (harness_runner.confinement)")
+    done = subprocess.run(
+        [sys.executable, "-c", _PEEK_FROM_A_COMMAND],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_TOKEN": "pod-secret"},
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    if seen is None:
+        pytest.skip("running as root with no python3 in /usr/bin or /bin that uid 65534 may run")
+    assert seen["False"] == [1, "", 0]  # the same command unconfined: it reads the token and may signal
+    readable, error, signal = seen["True"]
+    assert readable == 0 and "Permission denied" in error, seen
+    assert signal != 0 or landlock_abi() < 6, seen  # signals are scoped from Landlock ABI 6

@@ -147,6 +147,8 @@ class HarnessRunner:
         self.command = list(spec.harness_command or [])
         if self.function is None and not self.command:
             raise HarnessError("agent.harness or agent.harness_command: set one to run your own agent")
+        if self.command:
+            logger.info("agent.harness_command runs %s", confinement())
         # agent.max_concurrent_harness_commands, made on the loop that runs the commands (the gateway's)
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
@@ -230,20 +232,39 @@ class HarnessRunner:
         return transport.get_returncode(), bytes(tail.kept).decode(errors="replace")
 
 
-# Runs first in a command's process: sets its limits, then becomes the command (execvpe), so the limits hold
-# before any of the command's code runs and everything it starts inherits them. Not preexec_fn, which runs
-# Python in a forked child of a threaded process (the actor's) and can deadlock there. argv: the limits and
-# the names of the command's variables as JSON, then the command; the command gets only those variables (the
-# interpreter may have added one of its own, LC_CTYPE). A command that cannot be started exits 127, as a
-# shell's does, saying why.
+# Runs first in a command's process: sets its limits and confines it, then becomes the command (execvpe), so
+# both hold before any of the command's code runs and everything it starts inherits them. Not preexec_fn,
+# which runs Python in a forked child of a threaded process (the actor's) and can deadlock there. argv: the
+# limits and the names of the command's variables as JSON, then the command; the command gets only those
+# variables (the interpreter may have added one of its own, LC_CTYPE). A command that cannot be started exits
+# 127, as a shell's does, saying why.
+#
+# The confinement is a Landlock domain of the command's own (`confinement`): a process in it may not read the
+# /proc files of a process outside it that ptrace guards (environ, memory, maps, open files), where the pod's
+# other processes (Ray's, the actors) hold RAY_AUTH_TOKEN and RLDOCK_ENV_TOKEN, and (Landlock ABI 6+) may not
+# signal them. Its files and network stay as they were: the domain handles only making block devices, which
+# an unprivileged process may not anyway. Landlock wants no_new_privs, so a setuid program it starts gains
+# nothing. Where the kernel has no Landlock (before 5.13, or not enabled) the command runs unconfined, as the
+# actor's log says once; where it has one and confining fails, the command is not run (exit 126).
 LIMITS_THEN_EXEC = """
-import json, os, resource, sys
+import ctypes, json, os, resource, sys
 setup = json.loads(sys.argv[1])
 for name, value in setup["limits"].items():
     limit = getattr(resource, name)
     _, hard = resource.getrlimit(limit)
     value = value if hard == resource.RLIM_INFINITY else min(value, hard)
     resource.setrlimit(limit, (value, value))
+libc = ctypes.CDLL(None, use_errno=True)
+abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION): the ABI, or -1
+if abi >= 1:
+    # handled_access_fs: MAKE_BLOCK; handled_access_net: none; scoped: SIGNAL (ABI 6+; 0 before, as an older
+    # kernel wants the fields it does not know)
+    attr = (ctypes.c_uint64 * 3)(1 << 11, 0, 2 if abi >= 6 else 0)
+    ruleset = libc.syscall(444, attr, ctypes.sizeof(attr), 0)
+    if ruleset < 0 or libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(446, ruleset, 0) != 0:
+        print(f"cannot confine the command (Landlock ABI {abi}): {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        sys.exit(126)
+    os.close(ruleset)
 env = {name: value for name, value in os.environ.items() if name in setup["env"]}
 try:
     os.execvpe(sys.argv[2], sys.argv[2:], env)
@@ -254,9 +275,27 @@ except OSError as error:
 MIB = 2**20
 
 
+def confinement() -> str:
+    """How this machine confines a harness command from the pod's other processes (LIMITS_THEN_EXEC), for the
+    actor's log."""
+    from rldock.runtime.sandbox.kernel import landlock_abi
+
+    abi = landlock_abi()
+    if abi < 1:
+        return (
+            "unconfined: this kernel has no Landlock (Linux 5.13+), so a command may read the tokens in the "
+            "environments of the pod's other processes of its uid"
+        )
+    signals = "nor signal them" if abi >= 6 else "(signals are not scoped before Landlock ABI 6)"
+    return (
+        f"in a Landlock domain of its own (ABI {abi}): it may not read the /proc files of the pod's other "
+        f"processes {signals}"
+    )
+
+
 def limited(command: Sequence[str], limits: HarnessCommandLimits, env: Mapping[str, str]) -> list[str]:
-    """`command` started under `limits` (agent.harness_command_limits) and no core dumps, with `env` (the
-    variables' names travel in argv, their values, the key among them, only in the environment)."""
+    """`command` started under `limits` (agent.harness_command_limits), no core dumps and confined, with `env`
+    (the variables' names travel in argv, their values, the key among them, only in the environment)."""
     values = {
         "RLIMIT_CORE": 0,
         "RLIMIT_NOFILE": limits.open_files,
