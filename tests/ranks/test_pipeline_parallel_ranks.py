@@ -305,7 +305,9 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         stage = backend.pipeline
         assert stage is not None
         context = backend.context
-        found: dict = dict(stage=stage.links.index, reader=context.reader, counts=backend.counts_passes)
+        found: dict = dict(
+            stage=stage.links.index, reader=context.reader, counts=backend.counts_passes, writes=backend.writes_results
+        )
         found["cp_group"] = (
             None if context_group(backend.model) is None else dist.get_process_group_ranks(context_group(backend.model))
         )
@@ -374,7 +376,7 @@ def _one_process(kind: str) -> dict:
     )
 
 
-def test_each_stage_is_a_block_of_ranks_and_the_last_reads_and_counts(ranks):
+def test_each_stage_is_a_block_of_ranks_and_the_last_reads_counts_and_writes(ranks):
     # rank = (p dp + d) tp + t
     assert [r["pp4"]["stage"] for r in ranks] == [0, 1, 2, 3]
     assert [r["pp2_fsdp2"]["stage"] for r in ranks] == [0, 0, 1, 1]
@@ -386,6 +388,10 @@ def test_each_stage_is_a_block_of_ranks_and_the_last_reads_and_counts(ranks):
     assert [r["pp2_cp2"]["stage"] for r in ranks] == [0, 0, 1, 1]
     assert [r["pp2_cp2"]["cp_group"] for r in ranks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [r["pp2_cp2"]["reader"] for r in ranks] == [2, 2, 2, 2]
+    # the reader alone writes a pass's results, so alone measures them (the train-inference gap: the earlier
+    # stages' logprobs are zeros)
+    for layout in ("pp4", "pp2_fsdp2", "pp2_tp2", "pp2_cp2"):
+        assert [r[layout]["writes"] for r in ranks] == [r[layout]["reader"] == rank for rank, r in enumerate(ranks)]
 
 
 def test_the_update_runs_one_forward_one_backward(ranks):

@@ -98,7 +98,7 @@ def test_each_strategy_builds_its_backend_around_the_same_model(tmp_path):
             held = [p for group in backend.optimizer.param_groups for p in group["params"]]
             assert [id(p) for p in held] == [id(p) for p in model.parameters()], name
             assert backend.update_share == cfg.num_samples_per_iteration, name
-            assert backend.counts_passes, name  # a one-rank group: its passes are its own
+            assert backend.counts_passes and backend.writes_results, name  # a one-rank group: its passes are its own
             module = backend.training_module()
             if name == "ddp":
                 assert isinstance(module, DistributedDataParallel) and module.module is model

@@ -63,6 +63,14 @@ class TrainingBackend(Protocol):
         batches through its slice of the model, so the stage's FLOPs count the leader's passes only."""
         ...
 
+    @property
+    def writes_results(self) -> bool:
+        """Whether this rank writes the inference stage's results to the dock: the reader of the ranks that
+        run one forward together (`run_shared_stage`: a TP leader, a CP group's, the pipeline's last stage's);
+        its peers run the same batches and write nothing, so what a rank measures of the results (the
+        train-inference gap) is the writer's, once (a pipeline's earlier stages hold zeros, not logprobs)."""
+        ...
+
     def training_module(self) -> nn.Module:
         """What the update's forward runs: the DDP wrapper, or the model sharded in place."""
         ...

@@ -75,6 +75,10 @@ class DdpBackend:
     def counts_passes(self) -> bool:
         return True  # every rank computes its own share
 
+    @property
+    def writes_results(self) -> bool:
+        return True  # every rank reads and writes its own share
+
     def training_module(self) -> nn.Module:
         return self.ddp_model if self.ddp_model is not None else self.model
 

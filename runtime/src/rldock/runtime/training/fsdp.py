@@ -144,6 +144,10 @@ class FsdpBackend:
         # a pipeline's stages run one pass between them: the last, which scores it, counts.
         return self.mesh.local_rank("tp") == 0 and (self.pipeline is None or self.pipeline.last)
 
+    @property
+    def writes_results(self) -> bool:
+        return self.context.reader == dist.get_rank()
+
     def training_module(self) -> nn.Module:
         return self.model
 

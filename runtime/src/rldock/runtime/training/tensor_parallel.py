@@ -122,6 +122,10 @@ class TensorParallelBackend:
     def counts_passes(self) -> bool:
         return self.is_tp_leader  # the peers run the leader's batches (run_training_stage)
 
+    @property
+    def writes_results(self) -> bool:
+        return self.is_tp_leader
+
     def training_module(self) -> nn.Module:
         return self.model
 

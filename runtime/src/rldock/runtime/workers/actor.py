@@ -276,7 +276,9 @@ class ActorWorker(TakesTurns):
             else:  # decoupled: the ratio against these weights, the sampling policy in the importance weight
                 decoupled = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
                 columns = {"old_logprobs": trainer, IMPORTANCE_WEIGHT: decoupled.cpu()}
-            if measures:  # on the tokens these weights sampled: an older version's differ by the update too
+            if measures and self.backend.writes_results:
+                # on the tokens these weights sampled (an older version's differ by the update too), by the
+                # rank that writes them (a pipeline's earlier stages hold zeros; a CP or TP peer, the same)
                 measured = mask if older is None else mask * ~older.cpu()
                 gaps.append(mismatch_part(trainer, batch[SAMPLED_LOGPROBS].cpu(), measured, weight))
             if routes is not None:
