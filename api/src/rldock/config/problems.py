@@ -260,7 +260,7 @@ def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
     if not config_file.is_file():
         return []
     config = json.loads(config_file.read_text())
-    num_experts = config.get("num_experts", config.get("num_local_experts"))
+    num_experts = config.get("num_experts", config.get("num_local_experts", config.get("n_routed_experts")))
     replay = cfg.algorithm.routing_replay
     if replay != "off" and not num_experts:
         return [Problem("algorithm.routing_replay", f"{replay} needs an MoE model; {config_file} has none: set it off")]

@@ -104,8 +104,8 @@ class TrainingSpec(Spec):
         default=1,
         ge=1,
         le=1024,
-        description="EP: the training ranks that split an MoE model's experts (Qwen3-MoE, Mixtral): each holds "
-        "num_experts / expert_parallel_size of every MoE layer's experts and its tokens reach the others' by "
+        description="EP: the training ranks that split an MoE model's experts (Qwen3-MoE, Mixtral, DeepSeek-V3): each "
+        "holds num_experts / expert_parallel_size of every MoE layer's experts and its tokens reach the others' by "
         "all-to-all; the rest of the model is sharded over all ranks. It carves groups out of the "
         "data_parallel_size x context_parallel_size ranks (which it must divide; under CP a group may hold or "
         "span CP groups), adds no ranks, and must divide the model's experts. Needs "

@@ -1,4 +1,5 @@
-"""Routing replay (models/routing_replay.py) on the float64 Qwen3-MoE of the expert-parallel tests: the
+"""Routing replay (models/routing_replay.py) on the float64 Qwen3-MoE of the expert-parallel tests (and a float64
+DeepSeek-V3, whose sigmoid router weights its experts otherwise): the
 record's token grid is the same whatever the passes' layout (padded, trimmed, packed), a replayed pass
 routes every real token by the record even after the weights moved (and without replay it does not),
 the router still gets a gradient, and with unmoved weights replay changes nothing.
@@ -143,8 +144,51 @@ def _replayed_record(model, batch, recorded, training) -> torch.Tensor:
     return record.routed_experts()
 
 
-def test_replay_with_unmoved_weights_changes_nothing_and_trains_the_router():
-    model = moe_model()
+def _deepseek_model():
+    """A float64 DeepSeek-V3 (latent attention, a dense first layer, a shared expert) whose sigmoid routers choose
+    by a correction bias and weight by their scaled scores, unlike Qwen's softmax (routing_replay.GateScoring)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        rope_scaling=None,
+        max_position_embeddings=32,
+        experts_implementation="eager",  # the default grouped_mm kernel refuses float64
+    )
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).double()
+    with torch.no_grad():
+        for gate in routers(model):
+            gate.weight.normal_(0, 0.5)
+            gate.e_score_correction_bias.normal_(0, 0.3)  # chooses apart from the scores that weight
+    assert len(routers(model)) == 2  # the first layer is dense
+    return model
+
+
+# DeepSeek-V3's replayed weights are its sigmoid scores of the recorded experts, renormalised and times
+# routed_scaling_factor, as it weights its own choice: softmax probabilities would change every pass.
+@pytest.mark.parametrize("make_model", [moe_model, _deepseek_model], ids=["qwen3_moe", "deepseek_v3"])
+def test_replay_with_unmoved_weights_changes_nothing_and_trains_the_router(make_model):
+    model = make_model()
     batch = _batch()
     recorded = _record(model, batch, LAYOUTS["packed"])
     plain = micro_batch_scores(model, batch, LAYOUTS["padded"]).logprobs

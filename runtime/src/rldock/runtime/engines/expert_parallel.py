@@ -147,7 +147,8 @@ def apply_expert_parallel(model: nn.Module, sharding: ExpertSharding) -> list[Ex
     modules = expert_modules(model)
     if not modules:
         raise ValueError(
-            "training.expert_parallel_size > 1 needs an MoE model (Qwen3-MoE, Mixtral); the model has no experts"
+            "training.expert_parallel_size > 1 needs an MoE model (Qwen3-MoE, Mixtral, DeepSeek-V3); the model has "
+            "no experts"
         )
     replaced = []
     for name, experts in modules:

@@ -43,6 +43,7 @@ MODEL_BUILDERS.register("tiny-qwen2")(_tiny)
 MODEL_BUILDERS.register("tiny-llama")(functools.partial(_tiny, architecture="llama"))
 MODEL_BUILDERS.register("tiny-qwen3")(functools.partial(_tiny, architecture="qwen3"))
 MODEL_BUILDERS.register("tiny-qwen3-moe")(functools.partial(_tiny, architecture="qwen3_moe"))
+MODEL_BUILDERS.register("tiny-deepseek-v3")(functools.partial(_tiny, architecture="deepseek_v3"))
 
 
 def ensure_model(spec: ModelSpec, *, texts: Iterable[str], seed: int) -> bool:

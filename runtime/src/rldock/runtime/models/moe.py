@@ -2,7 +2,7 @@
 forward pass, the router's auxiliary load-balancing loss and the expert-load metrics (the update adds
 them through models/router_loss.py).
 
-A Hugging Face MoE decoder layer (Qwen3-MoE, Mixtral in transformers 5) holds a sparse block whose
+A Hugging Face MoE decoder layer (Qwen3-MoE, Mixtral, DeepSeek-V3 in transformers 5) holds a sparse block whose
 `gate` is a top-k router returning `(router_logits (T, E), top_k_weights (T, k), top_k_index (T, k))`
 over the T tokens of the pass, and whose `experts` apply the chosen experts. Nothing here changes
 the forward: `RouterRecord` reads the routers' outputs through forward hooks (with their autograd
@@ -18,6 +18,11 @@ too), and the totals are summed over the CP group, so every rank computes the wh
 (its gradient is then the rank's own tokens' share, summed over CP with the rest,
 training/context_parallel.py). Under pipeline parallelism a stage's routers are a run of the whole
 model's, and the stages' totals are added along the pipeline (models/router_loss.py).
+
+DeepSeek-V3's router returns the same three, its logits being what its sigmoid scores: the loss here takes
+their softmax as it does Qwen's (DeepSeek's own sequence-wise loss on its normalised sigmoid scores is not
+built); its config has no router_aux_loss_coef, so the loss is off unless training.router_aux_loss_coef sets
+one, while the expert-load metrics count its choices as anyone's.
 
 The dispatch is dropless (every token reaches its k experts; Hugging Face's and vLLM's MoE have no
 expert capacity), so there is no dropped-token share to report.
@@ -44,6 +49,7 @@ MOE_CONFIG_FIELDS = {
     "qwen3_moe": ("num_experts", "num_experts_per_tok"),
     "qwen2_moe": ("num_experts", "num_experts_per_tok"),
     "mixtral": ("num_local_experts", "num_experts_per_tok"),
+    "deepseek_v3": ("n_routed_experts", "num_experts_per_tok"),
 }
 
 
@@ -55,6 +61,7 @@ CHECKPOINT_EXPERTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
     "qwen3_moe": ("mlp", {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}),
     "qwen2_moe": ("mlp", {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}),
     "mixtral": ("block_sparse_moe", {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}),
+    "deepseek_v3": ("mlp", {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}),
 }
 
 
@@ -85,7 +92,7 @@ class MoeShape:
 
     num_experts: int
     top_k: int
-    num_layers: int  # MoE layers (every decoder layer in the models supported here)
+    num_layers: int  # MoE layers (DeepSeek's first `first_k_dense_replace` layers are dense)
     router_aux_loss_coef: float  # the config's coefficient (0 where it has none)
 
 
@@ -98,7 +105,7 @@ def moe_shape(config) -> MoeShape | None:
     return MoeShape(
         num_experts=int(getattr(config, experts)),
         top_k=int(getattr(config, top_k)),
-        num_layers=int(config.num_hidden_layers),
+        num_layers=int(config.num_hidden_layers) - int(getattr(config, "first_k_dense_replace", 0) or 0),
         router_aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0),
     )
 

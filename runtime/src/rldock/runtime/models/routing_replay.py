@@ -9,9 +9,10 @@ forward where its tokens sit in the grid (`PassCells`, from engines/policy.py's 
 
 Hooks on each router (models/moe.py's `routers`, in layer order):
 - `RoutingRecord` copies the router's chosen experts of the pass's real tokens into the grid.
-- `RoutingReplay` replaces them by the grid's, and the router's weights by its softmax probabilities
-  of the replayed experts (renormalised over them where the router normalises its top-k: Qwen3-MoE's
-  norm_topk_prob, Mixtral always), as R3 does: the experts are fixed, the gate still weights them,
+- `RoutingReplay` replaces them by the grid's, and the router's weights by its scores of the replayed
+  experts as the router weights its own choice (`GateScoring`: softmax probabilities, renormalised over
+  them where the router normalises its top-k, Qwen3-MoE's norm_topk_prob, Mixtral always; DeepSeek-V3's
+  sigmoid scores, renormalised and scaled), as R3 does: the experts are fixed, the gate still weights them,
   so the router's gradient flows through those probabilities. Under expert parallelism the dispatch
   (engines/expert_parallel.py) reads the replayed experts, so tokens go where the record says.
   Tokens the grid has no record of (-1) keep the router's own choice.
@@ -156,7 +157,7 @@ class RoutingReplay(RouterHooks):
         self.replayed = 0  # (token, layer) routings taken from the record
         self.changed = 0  # of those, the ones whose expert set differs from the router's own top-k
 
-    def hook(self, layer: int, *, normalise: bool):
+    def hook(self, layer: int, *, scoring: GateScoring):
         def after_router(_gate, _args, output):
             logits, weights, indices = output  # (T, E), (T, k), (T, k)
             cells = self._pass_cells(indices.shape[0])
@@ -168,11 +169,7 @@ class RoutingReplay(RouterHooks):
             own, replay = indices[tokens].sort(dim=-1).values, recorded.sort(dim=-1).values
             self.replayed += int(tokens.numel())
             self.changed += int((own != replay).any(dim=-1).sum())
-            probs = torch.softmax(logits.float(), dim=-1)  # (T, E)
-            chosen_probs = probs.gather(-1, chosen)  # (T, k), differentiable in the router's logits
-            if normalise:
-                chosen_probs = chosen_probs / chosen_probs.sum(dim=-1, keepdim=True)
-            return logits, chosen_probs.to(weights.dtype), chosen
+            return logits, gate_weights(logits, chosen, scoring=scoring).to(weights.dtype), chosen
 
         return after_router
 
@@ -180,6 +177,37 @@ class RoutingReplay(RouterHooks):
         """`moe/routing_replay_changed`: the share of the replayed (token, layer) routings whose experts
         differ from those the router would choose now."""
         return {"moe/routing_replay_changed": self.changed / max(self.replayed, 1)}
+
+
+@dataclass(frozen=True)
+class GateScoring:
+    """How a router weights the experts it chose: Qwen's and Mixtral's softmax over all experts' logits,
+    renormalised over the chosen where `normalise` (Mixtral always, Qwen3-MoE by norm_topk_prob);
+    DeepSeek-V3's sigmoid of each expert's logit (the correction bias only chooses, it never weights),
+    renormalised by norm_topk_prob, then times routed_scaling_factor."""
+
+    sigmoid: bool = False
+    normalise: bool = True
+    scale: float = 1.0
+
+    @staticmethod
+    def of(gate: nn.Module) -> GateScoring:
+        deepseek = hasattr(gate, "e_score_correction_bias")
+        return GateScoring(
+            sigmoid=deepseek,
+            normalise=bool(getattr(gate, "norm_topk_prob", True)),
+            scale=float(getattr(gate, "routed_scaling_factor", 1.0)) if deepseek else 1.0,
+        )
+
+
+def gate_weights(logits: Tensor, chosen: Tensor, *, scoring: GateScoring) -> Tensor:
+    """(T, k) weights of the `chosen` (T, k) experts from the router's `logits` (T, E), as the router weights its
+    own choice (`GateScoring`), differentiable in the logits."""
+    scores = torch.sigmoid(logits.float()) if scoring.sigmoid else torch.softmax(logits.float(), dim=-1)
+    weights = scores.gather(-1, chosen)
+    if scoring.normalise:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if scoring.sigmoid else 0.0))
+    return weights * scoring.scale
 
 
 def _router_columns(model: nn.Module) -> tuple[int, int]:
@@ -195,7 +223,9 @@ def _router_columns(model: nn.Module) -> tuple[int, int]:
 def _hooked(model: nn.Module, hooks: RouterHooks, install) -> Iterator[RouterHooks]:
     first, total = _router_columns(model)
     if not total:
-        raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); the model has no routers")
+        raise ValueError(
+            "algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral, DeepSeek-V3); the model has no routers"
+        )
     handles = [install(first + i, gate) for i, gate in enumerate(routers(model))]
     try:
         yield hooks
@@ -210,7 +240,7 @@ def recording_routes(model: nn.Module, *, num_rows: int, row_width: int) -> Iter
     tokens (module docstring)."""
     shape = moe_shape(getattr(model, "config", None))
     if shape is None:
-        raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); set it off")
+        raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral, DeepSeek-V3); set it off")
     # a layer count from the routers themselves: a model may keep dense MLPs in some layers
     stage = pipeline_links(model)
     record = RoutingRecord(
@@ -231,9 +261,7 @@ def replaying_routes(model: nn.Module, routed_experts: Tensor) -> Iterator[Routi
     replay = RoutingReplay(routed_experts)
 
     def install(layer: int, gate: nn.Module):
-        # Mixtral's router always renormalises its top-k; Qwen's where norm_topk_prob says so
-        normalise = bool(getattr(gate, "norm_topk_prob", True))
-        return gate.register_forward_hook(replay.hook(layer, normalise=normalise))
+        return gate.register_forward_hook(replay.hook(layer, scoring=GateScoring.of(gate)))
 
     with _hooked(model, replay, install):
         yield replay

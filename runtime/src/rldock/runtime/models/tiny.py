@@ -13,6 +13,13 @@ layer: `num_experts` experts of `intermediate_size // num_experts_per_tok` each,
 of them per token, so a token's active MLP is about the dense model's. Its folder is written the
 way Hub checkpoints are (one tensor per expert, `mlp.experts.{e}.gate_proj.weight`), which
 transformers fuses on load and vLLM reads directly.
+
+`deepseek_v3` (Hugging Face's `DeepseekV3ForCausalLM`, the architecture of DeepSeek-V3 and -R1, the paper's
+671B model) is that MoE with DeepSeek's parts: multi-head latent attention (keys and values through a
+512-wide latent and a 64-wide rotary part: vLLM's CPU MLA kernel is built for 512 + 64 only, so these two
+are the real model's whatever the hidden size), a first layer dense (`first_k_dense_replace` 1), a shared
+expert beside the routed ones, and the sigmoid router with its bias-corrected choice (`noaux_tc`, one
+group). Its LM head is its own (vLLM's DeepSeek model does not tie it to the embedding).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
+    DeepseekV3Config,
     GenerationConfig,
     LlamaConfig,
     PretrainedConfig,
@@ -54,8 +62,12 @@ TINY_ARCHITECTURES: dict[str, Callable[..., PretrainedConfig]] = {
     "llama": LlamaConfig,
     "qwen3": Qwen3Config,
     "qwen3_moe": Qwen3MoeConfig,
+    "deepseek_v3": DeepseekV3Config,
 }
-MOE_ARCHITECTURES = frozenset({"qwen3_moe"})
+MOE_ARCHITECTURES = frozenset({"qwen3_moe", "deepseek_v3"})
+# DeepSeek-V3's latent attention: the latent and rotary widths vLLM's CPU MLA kernel takes (module docstring),
+# no query latent (as DeepSeek-V2-Lite), the per-head key width of the real model's.
+_LATENT_ATTENTION = {"kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128}
 
 
 def train_char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
@@ -119,31 +131,47 @@ def build_tiny_model(
         if not 1 <= num_experts_per_tok <= num_experts:
             raise ValueError(f"num_experts_per_tok {num_experts_per_tok} must be in [1, num_experts {num_experts}]")
         moe = {
-            "num_experts": num_experts,
             "num_experts_per_tok": num_experts_per_tok,
             "moe_intermediate_size": intermediate_size // num_experts_per_tok,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
             "norm_topk_prob": True,
         }
+        if architecture == "deepseek_v3":
+            moe |= {
+                **_LATENT_ATTENTION,
+                "head_dim": _LATENT_ATTENTION["qk_rope_head_dim"],  # DeepSeek's rotary width, as its config has it
+                "num_key_value_heads": num_heads,  # keys and values from the latent for every head
+                "tie_word_embeddings": False,
+                "v_head_dim": head_dim,
+                "n_routed_experts": num_experts,
+                "n_shared_experts": 1,
+                "first_k_dense_replace": 1,
+                "n_group": 1,
+                "topk_group": 1,
+                "topk_method": "noaux_tc",  # read by vLLM, which then loads the router's correction bias
+                "scoring_func": "sigmoid",
+                "routed_scaling_factor": 1.0,
+                "rope_scaling": None,
+            }
+        else:
+            moe |= {"num_experts": num_experts, "decoder_sparse_step": 1, "mlp_only_layers": []}
     path = Path(path)
     tokenizer = train_char_tokenizer(texts)
     tokenizer.model_max_length = max_position_embeddings
-    config = TINY_ARCHITECTURES[architecture](
-        vocab_size=len(tokenizer),
-        head_dim=head_dim,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **moe,
-    )
+    shape = {
+        "vocab_size": len(tokenizer),
+        "head_dim": head_dim,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = TINY_ARCHITECTURES[architecture](**(shape | moe))
     # A private RNG stream: building a model must not move the caller's global torch seed.
     from transformers import AutoModelForCausalLM  # model code only where a model is built (models/__init__.py)
 
