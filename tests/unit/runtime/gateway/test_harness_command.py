@@ -305,9 +305,9 @@ def test_a_command_that_cannot_be_started_ends_its_episode_saying_why():
 # --- confinement: a command cannot read the pod's tokens from its other processes -------------------------------
 
 _PEEK_FROM_A_COMMAND = """
-import ctypes, json, os, shutil, subprocess, sys
+import ctypes, json, os, shutil, subprocess, sys, tempfile
 from rldock.config.agent_harness import HarnessCommandLimits
-from rldock.runtime.gateway.harness_runner import limited
+from rldock.runtime.gateway.harness_runner import LIMITS_THEN_EXEC, limited
 python = sys.executable
 if os.getuid() == 0:  # an ordinary uid (root reads every process's files), dumpable as when started under it
     python = shutil.which("python3", path="/usr/bin:/bin")  # one uid 65534 may run (not under /root)
@@ -317,25 +317,39 @@ if os.getuid() == 0:  # an ordinary uid (root reads every process's files), dump
     os.setgid(65534)
     os.setuid(65534)
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
-def run(command, confined):
-    argv = [python, *limited(command, HarnessCommandLimits(), {"PATH": "/usr/bin:/bin"})[1:]] if confined else command
+ASKED = "abi = libc.syscall(444, None, 0, 1)"
+def run(command, abi):  # abi: None unconfined; 0 the kernel's own; else the helper told the kernel has that one
+    if abi is None:
+        argv = command
+    else:
+        argv = [python, *limited(command, HarnessCommandLimits(), {"PATH": "/usr/bin:/bin"})[1:]]
+        argv[3] = LIMITS_THEN_EXEC.replace(ASKED, f"abi = {abi}") if abi else argv[3]  # python -I -c SCRIPT
     return subprocess.run(argv, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+folder = tempfile.mkdtemp()
+os.makedirs(f"{folder}/a")
+os.makedirs(f"{folder}/b")
 seen = {}
-for confined in (False, True):  # this process holds the token, as Ray's and the actors' do in a Ray pod
-    environ = run(["cat", f"/proc/{os.getpid()}/environ"], confined)
-    signal = run(["sh", "-c", f"kill -0 {os.getpid()}"], confined)
-    seen[str(confined)] = [int(b"pod-secret" in environ.stdout), environ.stderr.decode(), signal.returncode]
+for abi in (None, 0, 5):  # this process holds the token, as Ray's and the actors' do in a Ray pod
+    environ = run(["cat", f"/proc/{os.getpid()}/environ"], abi)
+    signal = run(["sh", "-c", f"kill -0 {os.getpid()}"], abi)
+    open(f"{folder}/a/f", "w").close()
+    moved = run(["mv", f"{folder}/a/f", f"{folder}/b/f"], abi)  # to another folder: what REFER guards
+    os.remove(f"{folder}/b/f") if moved.returncode == 0 else os.remove(f"{folder}/a/f")
+    read = int(b"pod-secret" in environ.stdout)
+    seen[str(abi)] = [read, environ.stderr.decode(), signal.returncode, moved.returncode]
 print(json.dumps(seen))
 """
 
 
 def test_a_command_cannot_read_the_tokens_of_the_pods_other_processes_nor_signal_them():
     """The red team's finding: a harness command read RAY_AUTH_TOKEN from the environ of a Ray pod's process of
-    its uid. In its own Landlock domain the command is refused what ptrace guards of a process outside it."""
+    its uid. In its own Landlock domain the command is refused what ptrace guards of a process outside it, on this
+    kernel and as the helper confines it on a kernel of Landlock ABI 5 (REFER handled, granted beneath /); in both
+    it still moves a file to another folder (an ABI 1 rule would have refused it)."""
     from rldock.runtime.sandbox.kernel import landlock_abi
 
-    if landlock_abi() < 1:
-        pytest.skip("this kernel has no Landlock: the command runs unconfined (harness_runner.confinement)")
+    if landlock_abi() < 2:
+        pytest.skip("this kernel's Landlock cannot confine a command (harness_runner.confinement says unconfined)")
     done = subprocess.run(
         [sys.executable, "-c", _PEEK_FROM_A_COMMAND],
         capture_output=True,
@@ -347,7 +361,9 @@ def test_a_command_cannot_read_the_tokens_of_the_pods_other_processes_nor_signal
     seen = json.loads(done.stdout)
     if seen is None:
         pytest.skip("running as root with no python3 in /usr/bin or /bin that uid 65534 may run")
-    assert seen["False"] == [1, "", 0]  # the same command unconfined: it reads the token and may signal
-    readable, error, signal = seen["True"]
-    assert readable == 0 and "Permission denied" in error, seen
-    assert signal != 0 or landlock_abi() < 6, seen  # signals are scoped from Landlock ABI 6
+    assert seen["None"] == [1, "", 0, 0]  # the same commands unconfined: the token read, the signal sent
+    for abi in ("0", "5"):
+        readable, error, signal, moved = seen[abi]
+        assert readable == 0 and "Permission denied" in error and moved == 0, seen
+    assert seen["5"][2] == 0  # signals are scoped from Landlock ABI 6
+    assert (seen["0"][2] != 0) == (landlock_abi() >= 6), seen

@@ -241,11 +241,16 @@ class HarnessRunner:
 #
 # The confinement is a Landlock domain of the command's own (`confinement`): a process in it may not read the
 # /proc files of a process outside it that ptrace guards (environ, memory, maps, open files), where the pod's
-# other processes (Ray's, the actors) hold RAY_AUTH_TOKEN and RLDOCK_ENV_TOKEN, and (Landlock ABI 6+) may not
-# signal them. Its files and network stay as they were: the domain handles only making block devices, which
-# an unprivileged process may not anyway. Landlock wants no_new_privs, so a setuid program it starts gains
-# nothing. Where the kernel has no Landlock (before 5.13, or not enabled) the command runs unconfined, as the
-# actor's log says once; where it has one and confining fails, the command is not run (exit 126).
+# other processes (Ray's, the actors) hold RAY_AUTH_TOKEN and RLDOCK_ENV_TOKEN. The domain restricts nothing
+# else it need not, by the kernel's Landlock ABI:
+# - 6+ (Linux 6.12): it scopes signals (none to a process outside it) and handles no file or network right, so
+#   files, renames, mounts (in a user namespace of its own) and the network are as they were;
+# - 2 to 5: it handles only REFER (moving or linking a file to another folder) and grants it beneath `/`, so
+#   renames and links work; but a process with a file right handled may not mount, so the command's own
+#   sandboxes (bubblewrap, a rootless container) cannot start, and signals are not scoped;
+# - 1: any handled file right would also refuse every move to another folder, so the command runs unconfined.
+# Landlock wants no_new_privs, so a setuid program the command starts gains nothing. Unconfined (ABI 0 or 1) is
+# said once in the actor's log; where confining fails, the command is not run (exit 126).
 LIMITS_THEN_EXEC = """
 import ctypes, json, os, resource, sys
 setup = json.loads(sys.argv[1])
@@ -256,12 +261,18 @@ for name, value in setup["limits"].items():
     resource.setrlimit(limit, (value, value))
 libc = ctypes.CDLL(None, use_errno=True)
 abi = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, VERSION): the ABI, or -1
-if abi >= 1:
-    # handled_access_fs: MAKE_BLOCK; handled_access_net: none; scoped: SIGNAL (ABI 6+; 0 before, as an older
-    # kernel wants the fields it does not know)
-    attr = (ctypes.c_uint64 * 3)(1 << 11, 0, 2 if abi >= 6 else 0)
+if abi >= 2:
+    refer = 1 << 13  # LANDLOCK_ACCESS_FS_REFER
+    # (handled_access_fs, handled_access_net, scoped): ABI 6+ scopes SIGNAL only; before, REFER alone
+    attr = (ctypes.c_uint64 * 3)(*((0, 0, 2) if abi >= 6 else (refer, 0, 0)))
     ruleset = libc.syscall(444, attr, ctypes.sizeof(attr), 0)
-    if ruleset < 0 or libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(446, ruleset, 0) != 0:
+    ok = ruleset >= 0
+    if ok and abi < 6:  # REFER granted beneath / (LANDLOCK_RULE_PATH_BENEATH: allowed_access, parent_fd; packed)
+        root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        rule = (ctypes.c_uint8 * 12).from_buffer_copy(refer.to_bytes(8, "little") + root.to_bytes(4, "little"))
+        ok = libc.syscall(445, ruleset, 1, rule, 0) == 0
+        os.close(root)
+    if not (ok and libc.prctl(38, 1, 0, 0, 0) == 0 and libc.syscall(446, ruleset, 0) == 0):
         print(f"cannot confine the command (Landlock ABI {abi}): {os.strerror(ctypes.get_errno())}", file=sys.stderr)
         sys.exit(126)
     os.close(ruleset)
@@ -281,15 +292,17 @@ def confinement() -> str:
     from rldock.runtime.sandbox.kernel import landlock_abi
 
     abi = landlock_abi()
-    if abi < 1:
+    if abi < 2:
+        have = "no Landlock" if abi < 1 else "Landlock ABI 1, whose file rules would refuse moves between folders"
         return (
-            "unconfined: this kernel has no Landlock (Linux 5.13+), so a command may read the tokens in the "
-            "environments of the pod's other processes of its uid"
+            f"unconfined: this kernel has {have} (Linux 5.19+ confines), so a command may read the tokens in "
+            "the environments of the pod's other processes of its uid"
         )
-    signals = "nor signal them" if abi >= 6 else "(signals are not scoped before Landlock ABI 6)"
+    if abi >= 6:
+        return f"in a Landlock domain of its own (ABI {abi}): it may not read or signal the pod's other processes"
     return (
-        f"in a Landlock domain of its own (ABI {abi}): it may not read the /proc files of the pod's other "
-        f"processes {signals}"
+        f"in a Landlock domain of its own (ABI {abi}): it may not read the pod's other processes' /proc files; "
+        "it may not mount (Landlock before ABI 6 refuses mounts to a confined process) and may signal them"
     )
 
 
