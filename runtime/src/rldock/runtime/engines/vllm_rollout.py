@@ -245,7 +245,8 @@ class VllmRolloutEngine:
         )
         if self.dtype != dtype:
             logger.info("vLLM generates in %s (model.dtype %s is the trainer's)", self.dtype, dtype)
-        self.model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", "")
+        model_config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.model_type = model_config.get("model_type", "")
         engine_args: dict = dict(
             model=str(model_dir),
             dtype=self.dtype,
@@ -271,6 +272,10 @@ class VllmRolloutEngine:
             engine_args.update(
                 enable_chunked_prefill=False, max_num_batched_tokens=max(_CPU_STEP_TOKENS, max_model_len)
             )
+            if "kv_lora_rank" in model_config and self.dtype != "bfloat16":
+                # Latent attention (DeepSeek's): vLLM prefers its AMX kernel where the CPU has AMX, and that
+                # kernel takes bfloat16 only; its portable kernel takes float32 too.
+                engine_args.update(attention_config={"backend": "CPU_MLA"})
         else:
             engine_args.update(
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
