@@ -139,7 +139,8 @@ class TrainingSpec(Spec):
         "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank). "
         "Under strategy fsdp, FSDP shards TP's shards over the data-parallel (x context-parallel) ranks; a "
-        "mixture-of-experts model (Qwen3-MoE) splits its attention by TP and its experts by expert_parallel_size.",
+        "mixture-of-experts model (Qwen3-MoE, DeepSeek-V3: its latent attention by heads) splits its attention by "
+        "TP and its experts by expert_parallel_size.",
     )
     context_parallel_size: int = Field(
         default=1,

@@ -5,8 +5,13 @@ A plan names, for a decoder layer, how Megatron-style TP splits each linear (col
 features, weight dim 0 and bias dim 0; rowwise: the input features, weight dim 1, its bias, absent
 in these models, would stay whole) and which replicated modules see only a rank's heads, so their
 gradients are partial sums to add over the TP group. Modules not named (embeddings, norms, the
-tied lm_head) stay replicated. The runtime parallelizes, gathers and checks from these tables
-(rldock.runtime.resharding); the config check (rldock.config.problems) reads them without torch.
+tied lm_head) stay replicated. A colwise linear's input gradient is summed over the TP group by the
+split itself, so what feeds only split linears needs nothing more. DeepSeek's latent attention has one
+exception: the key-value down-projection's last `qk_rope_head_dim` outputs are the rotary key that every
+head reads directly, not through a split linear, so each rank's gradient there covers its heads only;
+the runtime sums those columns' gradient over the TP group (`partial_output_tails`). The runtime
+parallelizes, gathers and checks from these tables (rldock.runtime.resharding); the config check
+(rldock.config.problems) reads them without torch.
 
 Heads, KV heads and the MLP width are split evenly over the TP ranks, so each must be divisible by
 the TP size. The config checks it before a job starts (naming the field), and the runtime applies
@@ -29,6 +34,9 @@ class TpPlan:
 
     linears: Mapping[str, TpStyle]
     partial_gradient_modules: tuple[str, ...] = ()
+    # (replicated module, the config field naming how many of its last outputs the local heads read directly,
+    # their gradient a partial sum there)
+    partial_output_tails: tuple[tuple[str, str], ...] = ()
 
     @property
     def splits_mlp(self) -> bool:
@@ -67,6 +75,21 @@ TP_PLANS: Mapping[str, TpPlan] = MappingProxyType(
         "qwen2": TpPlan(_LLAMA_LINEARS),
         "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=_QWEN3_NORMS),
         "qwen3_moe": TpPlan(_ATTENTION_LINEARS, partial_gradient_modules=_QWEN3_NORMS),
+        # DeepSeek-V3's latent attention: the query (or its up-projection, with a query latent) and the
+        # latent's up-projection to each head's keys and values split by heads; the down-projections to the
+        # latents and their norms stay whole on every rank. The experts are expert parallelism's, the dense
+        # layers' and the shared experts' MLPs stay whole, as Qwen3-MoE's.
+        "deepseek_v3": TpPlan(
+            MappingProxyType(
+                {
+                    "self_attn.q_proj": "colwise",
+                    "self_attn.q_b_proj": "colwise",
+                    "self_attn.kv_b_proj": "colwise",
+                    "self_attn.o_proj": "rowwise",
+                }
+            ),
+            partial_output_tails=(("self_attn.kv_a_proj_with_mqa", "qk_rope_head_dim"),),
+        ),
     }
 )
 

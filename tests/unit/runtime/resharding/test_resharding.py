@@ -57,8 +57,27 @@ def test_plan_needs_the_same_ranks():
     ],
 )
 def test_shard_dim_map(name, dim):
-    for plan in TP_PLANS.values():  # the architectures name their linears alike; a MoE plan splits no MLP
-        assert shard_dim(name, plan) == (None if ".mlp." in name and not plan.splits_mlp else dim)
+    for model_type, plan in TP_PLANS.items():  # the grouped-query architectures name their linears alike
+        if model_type != "deepseek_v3":  # a MoE plan splits no MLP
+            assert shard_dim(name, plan) == (None if ".mlp." in name and not plan.splits_mlp else dim)
+
+
+@pytest.mark.parametrize(
+    "name, dim",
+    [
+        ("model.layers.0.self_attn.q_proj.weight", 0),  # the query, or with a query latent its up-projection
+        ("model.layers.0.self_attn.q_b_proj.weight", 0),
+        ("model.layers.2.self_attn.kv_b_proj.weight", 0),  # the latent up to each head's keys and values
+        ("model.layers.1.self_attn.o_proj.weight", 1),
+        ("model.layers.0.self_attn.q_a_proj.weight", None),  # the down-projections to the latents stay whole
+        ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", None),
+        ("model.layers.0.self_attn.kv_a_layernorm.weight", None),
+        ("model.layers.0.mlp.gate_proj.weight", None),  # the dense layers' MLP too
+        ("model.layers.1.mlp.shared_experts.down_proj.weight", None),
+    ],
+)
+def test_deepseek_v3s_latent_attention_splits_by_heads(name, dim):
+    assert shard_dim(name, TP_PLANS["deepseek_v3"]) == dim
 
 
 @pytest.mark.parametrize(

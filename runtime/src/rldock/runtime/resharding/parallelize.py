@@ -1,5 +1,5 @@
-"""Apply the training layout to a plain Hugging Face Llama, Qwen2, Qwen3 or Qwen3-MoE model (its attention;
-its experts are expert parallelism's) from outside: a
+"""Apply the training layout to a plain Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V3 model (its
+attention; its experts are expert parallelism's) from outside: a
 tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the training mesh's `tp` dimension
 (parallel_mesh.py), and gradient averaging over its `dp`.
 
@@ -46,12 +46,46 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
         intermediate_size=config.intermediate_size if tp_plan.splits_mlp else None,
         field="training.tensor_parallel_size",
     )
+    layers = range(len(decoder_layers(model)))  # a pipeline stage's own layers (training/pipeline.py)
+    modules = dict(model.named_modules())
     plan = {
         f"model.layers.{i}.{suffix}": _STYLES[style]()
-        for i in range(len(decoder_layers(model)))  # a pipeline stage's own layers (training/pipeline.py)
+        for i in layers
         for suffix, style in tp_plan.linears.items()
+        if f"model.layers.{i}.{suffix}" in modules  # DeepSeek: q_proj, or q_a_proj and q_b_proj with a q latent
     }
+    group = mesh.group("tp")
+    for suffix, field in tp_plan.partial_output_tails:
+        hook = _tail_gradient_summed(int(getattr(config, field)), group)
+        for i in layers:
+            module = modules.get(f"model.layers.{i}.{suffix}")
+            if module is not None:
+                module.register_forward_hook(hook)
     return parallelize_module(model, mesh.device_mesh("tp"), plan)
+
+
+def _tail_gradient_summed(width: int, group):
+    """A forward hook: the module's output, its last `width` features' gradient summed over `group`."""
+    return lambda _module, _args, out: _SumTailGradient.apply(out, width, group)
+
+
+class _SumTailGradient(torch.autograd.Function):
+    """The identity forward; backward, the gradient of the last `width` features summed over the TP group: the
+    outputs of a replicated module that each rank's heads read directly (TpPlan.partial_output_tails), whose
+    gradient is then the rank's heads' part only; the rest reaches split linears, which sum their own."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, width: int, group) -> torch.Tensor:
+        ctx.width, ctx.group = width, group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone()
+        tail = grad[..., -ctx.width :].contiguous()
+        dist.all_reduce(tail, group=ctx.group)
+        grad[..., -ctx.width :] = tail
+        return grad, None, None
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
