@@ -50,9 +50,6 @@ EXPERTS = {
         rope_scaling=None,
     ),
 }
-# What a plan names that a model of its architecture may lack: DeepSeek-V3's query is one projection, or a
-# latent's down- and up-projection (the model above has the latter).
-OPTIONAL = {"deepseek_v3": {"self_attn.q_proj"}}
 
 
 def _tiny(model_type: str):
@@ -88,7 +85,11 @@ def test_plan_names_real_modules_of_the_architecture(model_type):
     model = _tiny(model_type)
     plan = TP_PLANS[model_type]
     layer = dict(model.model.layers[0].named_modules())
-    present = [suffix for suffix in plan.linears if suffix not in OPTIONAL.get(model_type, ())]
+    # what the plan may name that a model lacks: DeepSeek-V3's query is one projection, or a latent's down- and
+    # up-projection (the model above has the latter)
+    assert set(plan.optional_linears) <= set(plan.linears)
+    present = [suffix for suffix in plan.linears if suffix not in plan.optional_linears or suffix in layer]
+    assert model_type != "deepseek_v3" or present == ["self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.o_proj"]
     tails = [suffix for suffix, _ in plan.partial_output_tails]
     for suffix in (*present, *plan.partial_gradient_modules, *tails):
         assert suffix in layer, f"{model_type}: the plan names {suffix}, which the model lacks"

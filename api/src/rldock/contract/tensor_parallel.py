@@ -37,6 +37,8 @@ class TpPlan:
     # (replicated module, the config field naming how many of its last outputs the local heads read directly,
     # their gradient a partial sum there)
     partial_output_tails: tuple[tuple[str, str], ...] = ()
+    # linears of `linears` a model of the architecture may lack (DeepSeek's query: one projection, or a latent's)
+    optional_linears: tuple[str, ...] = ()
 
     @property
     def splits_mlp(self) -> bool:
@@ -89,6 +91,7 @@ TP_PLANS: Mapping[str, TpPlan] = MappingProxyType(
                 }
             ),
             partial_output_tails=(("self_attn.kv_a_proj_with_mqa", "qk_rope_head_dim"),),
+            optional_linears=("self_attn.q_proj", "self_attn.q_b_proj"),
         ),
     }
 )

@@ -48,25 +48,34 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
     )
     layers = range(len(decoder_layers(model)))  # a pipeline stage's own layers (training/pipeline.py)
     modules = dict(model.named_modules())
-    plan = {
-        f"model.layers.{i}.{suffix}": _STYLES[style]()
-        for i in layers
-        for suffix, style in tp_plan.linears.items()
-        if f"model.layers.{i}.{suffix}" in modules  # DeepSeek: q_proj, or q_a_proj and q_b_proj with a q latent
-    }
+    plan = {}
+    for i in layers:
+        for suffix, style in tp_plan.linears.items():
+            name = f"model.layers.{i}.{suffix}"
+            if name in modules:
+                plan[name] = _STYLES[style]()
+            elif suffix not in tp_plan.optional_linears:  # a plan that no longer names the model's modules
+                raise ValueError(f"the {config.model_type} TP plan splits {suffix}, which layer {i} lacks")
     group = mesh.group("tp")
     for suffix, field in tp_plan.partial_output_tails:
         hook = _tail_gradient_summed(int(getattr(config, field)), group)
         for i in layers:
-            module = modules.get(f"model.layers.{i}.{suffix}")
-            if module is not None:
+            module = modules[f"model.layers.{i}.{suffix}"]
+            if not getattr(module, "_rldock_tail_summed", False):  # once, whoever parallelizes the model again
                 module.register_forward_hook(hook)
+                module._rldock_tail_summed = True
     return parallelize_module(model, mesh.device_mesh("tp"), plan)
 
 
 def _tail_gradient_summed(width: int, group):
-    """A forward hook: the module's output, its last `width` features' gradient summed over `group`."""
-    return lambda _module, _args, out: _SumTailGradient.apply(out, width, group)
+    """A forward hook: the module's output, its last `width` features' gradient summed over `group`. The module
+    is replicated, so its output is a plain tensor."""
+
+    def hook(_module, _args, out):
+        assert not isinstance(out, DTensor), "partial_output_tails names a replicated module, not a split one"
+        return _SumTailGradient.apply(out, width, group)
+
+    return hook
 
 
 class _SumTailGradient(torch.autograd.Function):
