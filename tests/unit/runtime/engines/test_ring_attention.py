@@ -1,8 +1,8 @@
 """Ring attention (engines/ring_attention.py): its parts against one softmax over all keys, and the
 ring itself on real gloo ranks (torch.multiprocessing, CPU) against one process's attention, forward
 and gradients, with the three masks a pass gives it (none: causal; boolean; additive), grouped-query
-heads, and a CP size that divides neither head count (3 ranks, 4 heads, 2 KV heads), which Ulysses
-cannot run.
+heads, a CP size that divides neither head count (3 ranks, 4 heads, 2 KV heads), which Ulysses
+cannot run, and a rank's block computed in tiles smaller than it (uneven and single positions).
 
 Float64 throughout, so the comparison measures the method: the ring computes the same sums as one
 softmax, cut into blocks and merged by log-sum-exp, so it differs by reassociation only, a few ulps of
@@ -89,7 +89,7 @@ def test_a_block_a_query_cannot_see_weighs_exactly_nothing():
     assert torch.equal(merged, output) and torch.equal(merged_lse, lse)
 
 
-def _rank(rank: int, world: int, rendezvous: str, out_dir: str, length: int) -> None:
+def _rank(rank: int, world: int, rendezvous: str, out_dir: str, length: int, tile: int | None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     module = nn.Module()
@@ -99,7 +99,8 @@ def _rank(rank: int, world: int, rendezvous: str, out_dir: str, length: int) -> 
     results = {}
     for name, mask in masks(length).items():
         query, key, value = (t[:, :, local].clone().requires_grad_() for t in inputs(length, seed=2))
-        output, _ = ring_attention(module, query, key, value, mask)  # (B, n, H, D)
+        tiles = {} if tile is None else {"tile": tile}
+        output, _ = ring_attention(module, query, key, value, mask, **tiles)  # (B, n, H, D)
         weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(3 + rank), dtype=output.dtype)
         (output * weights).sum().backward()
         results[name] = dict(output=output.detach(), grads=[t.grad for t in (query, key, value)], weights=weights)
@@ -108,10 +109,17 @@ def _rank(rank: int, world: int, rendezvous: str, out_dir: str, length: int) -> 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3], ids=["cp2", "cp3-heads-not-divided"])
-def test_the_ring_on_gloo_ranks_equals_one_softmax_forward_and_backward(tmp_path, world):
-    length = 4 * world  # n = 4 positions per rank
-    rank_processes.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path), length), nprocs=world)
+@pytest.mark.parametrize(
+    ("world", "tile"),
+    [(2, None), (3, None), (2, 3), (3, 1)],
+    ids=["cp2", "cp3-heads-not-divided", "cp2-tiles-of-3", "cp3-tiles-of-1"],
+)
+def test_the_ring_on_gloo_ranks_equals_one_softmax_forward_and_backward(tmp_path, world, tile):
+    # n = 4 positions per rank: one tile at the default (512); tiles of 3 cut a block unevenly (4 tiles, the
+    # causal pass skipping its own block's upper one), tiles of 1 into 16, every tile merged by its log-sum-exp.
+    length = 4 * world
+    args = (world, str(tmp_path / "rendezvous"), str(tmp_path), length, tile)
+    rank_processes.spawn(_rank, args=args, nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name, mask in masks(length).items():
         query, key, value = (t.clone().requires_grad_() for t in inputs(length, seed=2))

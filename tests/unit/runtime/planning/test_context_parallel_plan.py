@@ -143,9 +143,11 @@ def test_ring_gets_a_cp_verdict_where_no_size_divides_the_kv_heads():
     data["training"]["context_parallel_mode"] = "ring"
     verdict = check_fit(parse_job_config(data), shape, device_memory=48 * GIB)
     assert not verdict.fits and verdict.field == "training.context_parallel_size"
-    # A ring backward step holds two float32 (28 heads, n, n) score blocks: 924 GiB at CP 2 (n 66,560) for these
-    # 133,120-token sequences, 30.5 GiB at CP 11 (n 12,102), the first size at which the job fits.
-    assert "(ring attention: each rank computes 1/11 of every sequence" in verdict.message
+    # A ring backward step holds two float32 (28 heads, 512, 512) score tiles, 56 MiB whatever the length (whole
+    # (n, n) blocks were 924 GiB at CP 2 for these 133,120-token sequences), so CP 2 fits, as under Ulysses.
+    assert "(ring attention: each rank computes 1/2 of every sequence" in verdict.message
+    long = dataclasses.replace(SMALL, num_heads=28)
+    assert ring_block_bytes(long, tokens=133_120, cp=2, tp=1, element=2) == 512 * 512 * (2 * 28 * 4 + 1)
 
 
 def test_a_trimmed_single_row_pass_holds_no_mask():

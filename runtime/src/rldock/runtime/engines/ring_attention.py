@@ -13,19 +13,24 @@ position, each rank having sent and received cp - 1 blocks of n positions' keys 
 Against Ulysses: no head count limit (Ulysses gives each rank H/cp heads, so cp must divide the heads
 and the KV heads; ring keeps every head), and the traffic per layer is the KV blocks only,
 2 (cp - 1) n n_kv d elements sent per rank, against Ulysses' (cp - 1)/cp of n (2 n_q + 2 n_kv) d;
-a rank's scores exist one (n, n) block per head at a time, where Ulysses' kernel sees (N, N) per head
-of its H/cp.
+a rank's scores exist one (t, t) tile per head at a time (below), where Ulysses' kernel sees (N, N) per
+head of its H/cp.
 
 Gradients: the ring runs again backwards in the same direction (FlashAttention's backward, per
 block): each rank recomputes its queries' scores against every block from the saved log-sum-exps,
 adds its queries' gradient, and the block's key and value gradients travel with the block, each rank
 adding its share; one more step brings every block's gradients home. So a rank keeps only its own
-queries, keys, values, output and log-sum-exps for the backward, and a block's (n, n) scores per head
-exist only while that block is computed: one such float32 block per head in a forward step, two in a
-backward step (the probabilities and their gradient, each made in place of the tensor it comes from;
-docs/scaling.md, section 9). A causal pass (no mask) skips the blocks after the rank's
-own, which no query of it sees (they still travel: the next rank needs them). The blocks' sums run in
-float32 for a lower-precision model, as SDPA's kernels accumulate.
+queries, keys, values, output and log-sum-exps for the backward.
+
+Tiles: a step computes its block `tile` query rows by `tile` key columns at a time (FlashAttention's
+tiling; the tile is the planner's RING_TILE_POSITIONS, 512), a row tile's column tiles merged by their
+log-sum-exps as the blocks are, so a score tile of (t, t) per head exists only while it is computed:
+one float32 tile per head in the forward, two in the backward (the probabilities and their gradient,
+each made in place of the tensor it comes from; docs/scaling.md, section 9), whatever the sequence's
+length, where one (n, n) block per head grew with its square. A causal pass (no mask) skips the blocks
+after the rank's own, which no query of it sees (they still travel: the next rank needs them), and in
+its own block the tiles above the diagonal. The sums run in float32 for a lower-precision model, as
+SDPA's kernels accumulate.
 
 What this version does not do: overlap a step's transfer with its compute (each block is received
 before its scores are computed; on gloo and the CPU there is nothing to overlap with), or balance a
@@ -46,6 +51,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from rldock.runtime.engines.ulysses import whole_sequence_causal
 from rldock.runtime.models.context_group import GROUP_ATTRIBUTE
+from rldock.runtime.planning.context_parallel_bytes import RING_TILE_POSITIONS
 
 # The attention implementation a model ran without CP -> the one ring CP gives it.
 RING_IMPLEMENTATIONS = {"sdpa": "ring_sdpa", "eager": "ring_eager"}
@@ -118,7 +124,7 @@ def merge(output: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor) -> 
 
 class _RingAttention(torch.autograd.Function):
     """The ring's forward and backward (module docstring). Saved for the backward: this rank's queries,
-    keys, values, output and log-sum-exps, O(n) per rank; each block's scores exist only while it is
+    keys, values, output and log-sum-exps, O(n) per rank; each tile's scores exist only while it is
     computed, in the forward and again in the backward (FlashAttention's recomputation)."""
 
     @staticmethod
@@ -130,8 +136,9 @@ class _RingAttention(torch.autograd.Function):
         attention_mask: Tensor | None,
         group: dist.ProcessGroup,
         scaling: float,
+        tile: int,
     ) -> Tensor:
-        ring = _Ring(group, n=query.shape[2], causal=attention_mask is None)
+        ring = _Ring(group, n=query.shape[2], causal=attention_mask is None, tile=tile)
         output = lse = None
         block = torch.stack([key, value])  # (2, B, KV, n, D): one transfer per step
         for step in range(ring.cp):
@@ -140,9 +147,7 @@ class _RingAttention(torch.autograd.Function):
             columns = ring.columns(step)
             if columns is None:
                 continue
-            out, out_lse = _block_forward(
-                query, block, attention_mask, rows=ring.rows, columns=columns, scaling=scaling
-            )
+            out, out_lse = _block_forward(query, block, attention_mask, ring, columns=columns, scaling=scaling)
             output, lse = (out, out_lse) if output is None or lse is None else merge(output, lse, out, out_lse)
         assert output is not None and lse is not None  # a rank's own block is never skipped
         ctx.ring, ctx.scaling = ring, scaling
@@ -165,11 +170,19 @@ class _RingAttention(torch.autograd.Function):
             columns = ring.columns(step)
             if columns is None:
                 continue
-            part_query, part_block = _block_backward(
-                query, block, attention_mask, grad, lse, correction, rows=ring.rows, columns=columns, scaling=scaling
+            _block_backward(
+                query,
+                block,
+                attention_mask,
+                grad,
+                lse,
+                correction,
+                ring,
+                columns=columns,
+                scaling=scaling,
+                grad_query=grad_query,
+                grad_block=grad_block,
             )
-            grad_query += part_query
-            grad_block += part_block
         # After the last step a rank holds the block of rank r + 1 and its gradients from every rank:
         # one more step brings each block's gradients home.
         grad_block = _shift(grad_block, ring.group)
@@ -180,22 +193,83 @@ class _RingAttention(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
 def _block_forward(
+    query: Tensor, block: Tensor, attention_mask: Tensor | None, ring: _Ring, *, columns: slice, scaling: float
+) -> tuple[Tensor, Tensor]:
+    """One step of the forward: the queries' attention over the held key-and-value block (2, B, KV, m, D) at
+    positions `columns`, its output (B, H, n, D) and log-sum-exps (B, H, n), a tile of rows by a tile of
+    columns at a time, each row tile's tiles merged as the ring merges its blocks."""
+    outputs, lses = [], []
+    for rows, row_tiles in ring.row_tiles():
+        output = lse = None
+        for column_tiles in ring.column_tiles(rows, columns):
+            out, out_lse = _tile_forward(
+                query[:, :, row_tiles],
+                block[:, :, :, ring.local(column_tiles, columns)],
+                attention_mask,
+                rows=rows,
+                columns=column_tiles,
+                scaling=scaling,
+            )
+            output, lse = (out, out_lse) if output is None or lse is None else merge(output, lse, out, out_lse)
+        assert output is not None and lse is not None  # a row tile sees its own tile at least
+        outputs.append(output)
+        lses.append(lse)
+    return torch.cat(outputs, dim=2), torch.cat(lses, dim=2)
+
+
+def _tile_forward(
     query: Tensor, block: Tensor, attention_mask: Tensor | None, *, rows: slice, columns: slice, scaling: float
 ) -> tuple[Tensor, Tensor]:
-    """One step of the forward: the queries' attention over the held key-and-value block (2, B, KV, m, D), its
-    output (B, H, n, D) and log-sum-exps (B, H, n). The block's softmax is exp(S - lse), taken in the scores'
-    storage, so the step holds one (B, H, n, m) block; its temporaries go when it returns."""
+    """One tile of the forward: queries (B, H, t, D) at positions `rows` over keys and values (2, B, KV, u, D) at
+    `columns`, the output (B, H, t, D) and log-sum-exps (B, H, t). The softmax is exp(S - lse), taken in the
+    scores' storage, so the tile holds one (B, H, t, u) score tile; its temporaries go when it returns."""
     scores = block_scores(query, block[0], attention_mask, rows=rows, columns=columns, scaling=scaling)
     lse = torch.logsumexp(scores, dim=-1)
-    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, n, m), in place of the scores
+    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, t, u), in place of the scores
     return block_output(probabilities, block[1]), lse
 
 
 def _block_backward(
+    query: Tensor,
+    block: Tensor,
+    attention_mask: Tensor | None,
+    grad: Tensor,
+    lse: Tensor,
+    correction: Tensor,
+    ring: _Ring,
+    *,
+    columns: slice,
+    scaling: float,
+    grad_query: Tensor,
+    grad_block: Tensor,
+) -> None:
+    """One step of the backward against the held block (2, B, KV, m, D) at positions `columns`, tile by tile:
+    adds this rank's queries' gradient share to `grad_query` (B, H, n, D) and the block's key and value
+    gradients to `grad_block` (2, B, KV, m, D), both in the dtype of `grad` (float32 or wider)."""
+    for rows, row_tiles in ring.row_tiles():
+        for column_tiles in ring.column_tiles(rows, columns):
+            in_block = ring.local(column_tiles, columns)
+            part_query, part_block = _tile_backward(
+                query[:, :, row_tiles],
+                block[:, :, :, in_block],
+                attention_mask,
+                grad[:, :, row_tiles],
+                lse[:, :, row_tiles],
+                correction[:, :, row_tiles],
+                rows=rows,
+                columns=column_tiles,
+                scaling=scaling,
+            )
+            grad_query[:, :, row_tiles] += part_query
+            grad_block[:, :, :, in_block] += part_block
+
+
+def _tile_backward(
     query: Tensor,
     block: Tensor,
     attention_mask: Tensor | None,
@@ -207,34 +281,37 @@ def _block_backward(
     columns: slice,
     scaling: float,
 ) -> tuple[Tensor, Tensor]:
-    """One step of the backward against the held block (2, B, KV, m, D): this rank's queries' gradient share
-    (B, H, n, D) and the block's key and value gradients (2, B, KV, m, D), all in the dtype of `grad` (float32
-    or wider). The scores are recomputed and turned into the probabilities in place, and the gradient of the
-    probabilities into the scores' in place, so the step holds two (B, H, n, m) blocks at most (out of place it
-    held up to six: the scores, the probabilities, their gradient and the product's temporaries); every one goes
-    when it returns (kept across a loop's steps, the last step's would stay beside the next)."""
+    """One tile of the backward: queries (B, H, t, D) at positions `rows` against keys and values
+    (2, B, KV, u, D) at `columns`, the queries' gradient share (B, H, t, D) and the keys' and values' (2, B, KV,
+    u, D), in the dtype of `grad`. The scores are recomputed and turned into the probabilities in place, and
+    the gradient of the probabilities into the scores' in place, so the tile holds two (B, H, t, u) score tiles
+    at most (out of place it held up to six: the scores, the probabilities, their gradient and the product's
+    temporaries); every one goes when it returns (kept across a loop's steps, the last tile's would stay beside
+    the next)."""
     dtype, kv_heads = grad.dtype, block.shape[2]
     block_key, block_value = block[0].to(dtype), block[1].to(dtype)
     scores = block_scores(query, block_key, attention_mask, rows=rows, columns=columns, scaling=scaling)
-    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, n, m): P = exp(S - lse), in place of S
+    probabilities = scores.sub_(lse[..., None]).exp_()  # (B, H, t, u): P = exp(S - lse), in place of S
     grouped_grad = _grouped(grad, kv_heads)
     grad_value = torch.matmul(_grouped(probabilities, kv_heads).transpose(-1, -2), grouped_grad).sum(dim=2)
-    grad_p = torch.matmul(grouped_grad, block_value[:, :, None].transpose(-1, -2)).flatten(1, 2)  # (B, H, n, m)
+    grad_p = torch.matmul(grouped_grad, block_value[:, :, None].transpose(-1, -2)).flatten(1, 2)  # (B, H, t, u)
     # dS = P (dP - rowsum(dO * O)) scaling, in place of dP; P is not needed after it
     grad_scores = grad_p.sub_(correction).mul_(probabilities).mul_(scaling)
     del scores, probabilities
     grad_query = block_output(grad_scores, block_key)
     grouped_query = _grouped(query.to(dtype), kv_heads)
     grad_key = torch.matmul(_grouped(grad_scores, kv_heads).transpose(-1, -2), grouped_query).sum(dim=2)
-    return grad_query, torch.stack([grad_key, grad_value])  # (B, KV, m, D) each
+    return grad_query, torch.stack([grad_key, grad_value])  # (B, KV, u, D) each
 
 
 class _Ring:
     """One rank's place in the ring: its rows (positions) and, per step, the columns of the block it
-    holds then, or None where a causal pass needs none of it (every key after every query)."""
+    holds then, or None where a causal pass needs none of it (every key after every query); and the tiles
+    a step computes a block in (`tile` rows by `tile` columns), a causal pass skipping those whose every
+    key comes after every query."""
 
-    def __init__(self, group: dist.ProcessGroup, *, n: int, causal: bool) -> None:
-        self.group, self.n, self.causal = group, n, causal
+    def __init__(self, group: dist.ProcessGroup, *, n: int, causal: bool, tile: int) -> None:
+        self.group, self.n, self.causal, self.tile = group, n, causal, tile
         self.cp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.rows = slice(self.rank * n, (self.rank + 1) * n)
 
@@ -243,6 +320,23 @@ class _Ring:
         if self.causal and source > self.rank:
             return None
         return slice(source * self.n, (source + 1) * self.n)
+
+    def row_tiles(self) -> list[tuple[slice, slice]]:
+        """This rank's row tiles: (positions in the sequence, positions in the rank's n)."""
+        return [(tile, self.local(tile, self.rows)) for tile in _cut(self.rows, self.tile)]
+
+    def column_tiles(self, rows: slice, columns: slice) -> list[slice]:
+        """The column tiles of block `columns` the row tile `rows` computes (positions in the sequence)."""
+        return [tile for tile in _cut(columns, self.tile) if not (self.causal and tile.start >= rows.stop)]
+
+    @staticmethod
+    def local(tile: slice, within: slice) -> slice:
+        return slice(tile.start - within.start, tile.stop - within.start)
+
+
+def _cut(positions: slice, tile: int) -> list[slice]:
+    """`positions` cut into runs of `tile`, the last shorter."""
+    return [slice(start, min(start + tile, positions.stop)) for start in range(positions.start, positions.stop, tile)]
 
 
 def ring_attention(
@@ -253,16 +347,17 @@ def ring_attention(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    tile: int = RING_TILE_POSITIONS,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """Hugging Face's attention-function signature: `query` (B, H, n, D), `key`/`value` (B, KV, n, D)
     of this rank's n positions; `attention_mask` (B, 1, N, N) over all N or None (causal). Returns
-    (B, n, H, D) in the query's dtype."""
+    (B, n, H, D) in the query's dtype. `tile`: the score tiles' rows and columns (the planner's)."""
     if dropout:
         raise ValueError("ring attention runs the training passes, which use no attention dropout")
     group = getattr(module, GROUP_ATTRIBUTE)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    output = _RingAttention.apply(query, key, value, attention_mask, group, scale)
+    output = _RingAttention.apply(query, key, value, attention_mask, group, scale, tile)
     return output.transpose(1, 2).contiguous(), None
 
 

@@ -150,7 +150,7 @@ def backward_working_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, t
     and the gradients of the activation and the up projection (2 x (T, I); `MulBackward0`'s outputs), while the
     down projection's input (T, I), which autograd kept, is already freed (a node's saved tensors go when it
     has run): 2 I a token (I a TP rank's slice). Its weight's gradient is the layer's whole gradient, counted
-    by `fsdp_whole_gradient_bytes`. Ring attention's: a backward step's two (H, n, n) score blocks
+    by `fsdp_whole_gradient_bytes`. Ring attention's: a backward tile's two (H, t, t) score tiles
     (planning/context_parallel_bytes.py's `ring_block_bytes`). Measured at stage 0's peak under PP 2 and at a
     ring rank's peak (docs/scaling.md, sections 12 and 9). An MoE layer counts the k experts' widths a token
     runs, as its activations do (its experts' backwards run one at a time, so the figure errs high)."""

@@ -22,8 +22,10 @@ as arithmetic on the model shape:
 Ring attention instead keeps every head of its n positions: its attention function saves the rank's
 q, k and v (as the kernel's are counted), and its merged output and log-sum-exps in float32
 (n (n_q d + n_q) four-byte elements, `ring_saved_width`); no head-sharded copies. Transient, in a layer's
-backward: two float32 (n_q, n, n) blocks (a step's probabilities and their gradient) and the causal
-pass's (n, n) boolean comparison (`ring_block_bytes`). Its traffic per
+backward: two float32 (n_q, t, t) tiles (a tile's probabilities and their gradient) and the causal
+pass's (t, t) boolean comparison (`ring_block_bytes`), t = min(n, RING_TILE_POSITIONS): a step computes its
+block a tile of query rows by a tile of key columns at a time, as FlashAttention does, so what it holds
+does not grow with the sequence. Its traffic per
 layer and pass: the forward passes cp - 1 key-and-value blocks of n 2 n_kv d elements on; the
 backward passes them on again (cp - 1) and the blocks' float32 gradients cp times.
 """
@@ -31,6 +33,12 @@ backward passes them on again (cp - 1) and the blocks' float32 gradients cp time
 from __future__ import annotations
 
 from rldock.runtime.planning.shapes import ModelShape
+
+# Query rows and key columns of the score tiles a ring-attention step computes at once
+# (engines/ring_attention.py reads it from here). 512 keeps a tile at H MiB in float32 (a 28-head rank's two
+# tiles 28 MiB) while each tile's matmuls stay large enough to run at the kernel's speed; the (n, n) block it
+# replaces was 924 GiB at the paper's 133,120-token 7B sequences on two ranks.
+RING_TILE_POSITIONS = 512
 
 
 def tokens_per_rank(tokens: int, cp: int) -> int:
@@ -76,14 +84,15 @@ def ring_saved_width(shape: ModelShape, *, cp: int, element: int) -> int:
 
 
 def ring_block_bytes(shape: ModelShape, *, tokens: int, cp: int, tp: int, element: int) -> int:
-    """What a ring-attention rank's backward step holds of a pass of `tokens` tokens, at its fullest: the
-    probabilities and their gradient, two (H, n, n) blocks (a TP rank's H heads) in float32 or wider
-    (engines/ring_attention.py's `_block_backward`, each made in place of the tensor it comes from), and the
-    (n, n) boolean the causal comparison or the mask's negation makes, n a rank's positions; 0 at cp 1 (no ring)."""
+    """What a ring-attention rank's backward step holds of a pass of `tokens` tokens, at its fullest: a tile's
+    probabilities and their gradient, two (H, t, t) tiles (a TP rank's H heads) in float32 or wider
+    (engines/ring_attention.py's `_tile_backward`, each made in place of the tensor it comes from), and the
+    (t, t) boolean the causal comparison or the mask's negation makes, t = min(n, RING_TILE_POSITIONS) of a
+    rank's n positions; 0 at cp 1 (no ring)."""
     if cp == 1:
         return 0
-    n = tokens_per_rank(tokens, cp)
-    return n * n * (2 * (shape.num_heads // tp) * max(4, element) + 1)
+    tile = min(tokens_per_rank(tokens, cp), RING_TILE_POSITIONS)
+    return tile * tile * (2 * (shape.num_heads // tp) * max(4, element) + 1)
 
 
 def ring_bytes_per_pass(
