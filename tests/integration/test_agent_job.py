@@ -101,7 +101,7 @@ def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_sc
     cfg = JobConfig(**config)
     warm = output / "warmup"
     tokenizer = load_tokenizer(warm)
-    sampler = AgentSampler(cfg, tokenizer=tokenizer, train_files=[])
+    sampler = AgentSampler(cfg, tokenizer=tokenizer)
     rows = load_rows([str(output / "data" / "train.jsonl")], columns_of(cfg.data))[:8]
     messages = [[{"role": "user", "content": row.prompt}] for row in rows]
     prompts = [tokenizer(sampler.renderer.prompt_text(m), add_special_tokens=False)["input_ids"] for m in messages]
@@ -118,7 +118,7 @@ def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_sc
             engine,
             prompts,
             keys=list(range(len(prompts))),
-            prompt_indices=list(range(len(prompts))),
+            rows=rows,
             seed=0,
             policy_version=0,
         )

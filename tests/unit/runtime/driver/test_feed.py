@@ -6,7 +6,8 @@ from tensordict import TensorDict
 
 from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
-from rldock.runtime.data import PreferencePair
+from rldock.runtime.data import PreferencePair, Row
+from rldock.runtime.data.row_column import row_bytes, rows_from_column
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.feed import (
     DriverBatch,
@@ -34,12 +35,17 @@ class TwoPromptDataset:
 
     prompts = {0: [2, 4, 13, 5, 14], 1: [2, 8, 13, 8, 14]}
     rows = {0: 7, 1: 9}
+    train_rows = {0: Row("1+2=", "3", "addition", line=7), 1: Row("5+5=", "10", "addition", {"level": 2}, line=9)}
+    row_width = 512  # more than either row pickled
 
     def prompt_ids(self, positions):
         return [self.prompts[p] for p in positions]
 
     def prompt_index(self, position):
         return self.rows[position]
+
+    def encoded_rows(self, positions):
+        return [row_bytes(self.train_rows[p]) for p in positions]
 
     def preference_pairs(self, positions):
         table = {0: PreferencePair(7, "3", "4"), 1: PreferencePair(9, "10", "16")}
@@ -69,13 +75,17 @@ def test_preference_pairs_are_chosen_then_rejected_with_eos():
     assert fed.prompt_lengths == [5, 5] and b["response_length"].tolist() == [3, 3, 2, 2]  # the answer and EOS
 
 
-def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
+def test_prompt_groups_carry_each_prompts_train_row_by_number_and_whole():
+    dataset = TwoPromptDataset()
     fed = prompt_groups(
-        TwoPromptDataset(), [1, 0], CharTokenizer(), _algo(name="grpo", num_responses_per_prompt=3, max_prompt_length=6)
+        dataset, [1, 0], CharTokenizer(), _algo(name="grpo", num_responses_per_prompt=3, max_prompt_length=6)
     )
     b = fed.batch
-    assert set(b.keys()) == {"prompt_ids", "prompt_mask", "prompt_index"}
+    assert set(b.keys()) == {"prompt_ids", "prompt_mask", "prompt_index", "prompt_row"}
     assert b["prompt_index"].dtype == torch.int64 and b["prompt_index"].tolist() == [9, 9, 9, 7, 7, 7]  # (G*N,)
+    # the row itself, which the reward and an environment read: (G*N, W) uint8, W the dataset's
+    assert b["prompt_row"].dtype == torch.uint8 and b["prompt_row"].shape == (6, dataset.row_width)
+    assert rows_from_column(b["prompt_row"]) == [dataset.train_rows[1]] * 3 + [dataset.train_rows[0]] * 3
     assert b["prompt_ids"][0].tolist() == [0, 2, 8, 13, 8, 14]  # left-padded to PL
     assert b["prompt_mask"][3].tolist() == [0, 1, 1, 1, 1, 1]
     assert fed.prompt_lengths == [5, 5]

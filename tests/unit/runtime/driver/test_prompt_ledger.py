@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from rldock.config.algorithm import AlgorithmSpec
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import row_bytes
 from rldock.runtime.data.sampler import PromptSampler
 from rldock.runtime.driver.feed import Feed
 from rldock.runtime.driver.prompt_ledger import LEDGER_FILE, PromptLedger
@@ -17,13 +19,18 @@ NUM_PROMPTS, G, N = 5, 2, 3
 
 
 class CountingDataset:
-    """Prompt `p` is the tokens [2, 3 + p]; its train row is 100 + p."""
+    """Prompt `p` is the tokens [2, 3 + p]; its train row is 100 + p, whose answer is p."""
+
+    row_width = 512  # more than any of its rows pickled
 
     def prompt_ids(self, positions):
         return [[2, 3 + p] for p in positions]
 
     def prompt_index(self, position):
         return 100 + position
+
+    def encoded_rows(self, positions):
+        return [row_bytes(Row(f"prompt {p}", str(p), "counting")) for p in positions]
 
 
 class PadTokenizer:

@@ -35,14 +35,14 @@ GRPO_CONSUMES = {
     "rollout": P,
     "actor_inference": P + R,
     "reference": P + R,
-    "reward": R + ("prompt_index",),
+    "reward": R + ("prompt_row",),  # each sample's train-file row, put by the driver
     "advantage": ("reward",),
     "update": P + R + ("old_logprobs", "ref_logprobs", "advantage", "policy_version"),
     # the driver's read of each sample's facts, its prompt group's draw number (the prompt ledger's) among them
     "sample_facts": ("score", "response_length", "prompt_draw"),
 }
 GRPO_PRODUCES = {
-    "driver": P + ("prompt_index", "prompt_draw"),
+    "driver": P + ("prompt_index", "prompt_row", "prompt_draw"),
     "rollout": R + ("response_length", "policy_version"),
     "actor_inference": ("old_logprobs",),
     "reference": ("ref_logprobs",),
@@ -342,7 +342,6 @@ def test_an_attempt_creates_and_launches_a_state_added_by_one_spec(monkeypatch):
         reference_dir="/ref",
         adapter_dir=None,
         policy_version=0,
-        train_files=["train.jsonl"],
     )
     created, calls = [], []
 

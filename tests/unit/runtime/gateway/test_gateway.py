@@ -482,8 +482,6 @@ class GreedyRecordingEngine(ScriptedEngine):
 
 
 def test_held_out_evaluation_runs_the_harness_greedily_and_answers_its_final_turns(tokenizer, tmp_path):
-    train = tmp_path / "train.jsonl"
-    train.write_text('{"prompt": "1+1=", "answer": "2", "data_source": "add"}\n')
     rollout = HarnessRollout(
         RolloutSetup(
             rank=0,
@@ -497,7 +495,6 @@ def test_held_out_evaluation_runs_the_harness_greedily_and_answers_its_final_tur
         ),
         job(),
         tokenizer=tokenizer,
-        train_files=[str(train)],
     )
     tasks, out = tasks_of(tmp_path, "tools", "tools", ground_truth="5")
     # two held-out prompts, two samples each: episode key = prompt key * 2 + sample

@@ -17,6 +17,8 @@ from rldock.runtime.agent.episode_loop import AgentLoop
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation
 from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.chat.parsers import HermesParser
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import row_bytes
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 
@@ -99,8 +101,13 @@ class RecordingDock(PutThenGet):
         return out[torch.tensor(rows).argsort()]
 
 
+# The train row every prompt of `prompts_of` comes from, as the dock carries it (`prompt_row`).
+TRAIN_ROW = row_bytes(Row("2+2=", "42", "arithmetic"))
+
+
 def prompts_of(*prompts: list[int], group: int) -> TensorDict:
-    """The dock's prompt columns of whole groups: each prompt once per response, left-padded to 3."""
+    """The dock's prompt columns of whole groups: each prompt once per response, left-padded to 3, with its
+    train row (TRAIN_ROW) by number and whole."""
     rows = [[PAD] * (3 - len(p)) + p for p in prompts for _ in range(group)]
     prompt_ids = torch.tensor(rows)  # (B, PL)
     return TensorDict(
@@ -108,6 +115,7 @@ def prompts_of(*prompts: list[int], group: int) -> TensorDict:
             "prompt_ids": prompt_ids,
             "prompt_mask": (prompt_ids != PAD).long(),
             "prompt_index": torch.arange(len(rows)) // group,
+            "prompt_row": torch.frombuffer(bytearray(TRAIN_ROW * len(rows)), dtype=torch.uint8).view(len(rows), -1),
         },
         batch_size=[len(rows)],
     )

@@ -15,7 +15,9 @@ from tensordict import TensorDict
 
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode
 from rldock.runtime.agent.interfaces import EpisodeContext
-from rldock.runtime.flow.columns import PROMPT_INDEX
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import padded_rows, row_bytes, rows_from_column
+from rldock.runtime.flow.columns import PROMPT_INDEX, PROMPT_ROW
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.rollout.agent_carry import CarriedAgentRollout, ahead_share, carried_rows
 from rldock.runtime.rollout.agent_episodes import episode_columns
@@ -23,11 +25,22 @@ from rldock.runtime.rollout.carry import CarriedGroup
 from rldock.runtime.rollout.protocol import RolloutRequest, RolloutSetup
 
 
+def train_rows(*indices: int) -> torch.Tensor:
+    """The dock's `prompt_row` of train rows `indices`: row i's answer is str(i)."""
+    encoded = [row_bytes(Row(f"prompt {i}", str(i), "test")) for i in indices]
+    return torch.frombuffer(padded_rows(encoded, 256), dtype=torch.uint8).view(len(indices), 256)
+
+
 def prompt_rows(*indices: int) -> TensorDict:
-    """One row per group: prompt ids [9, index + 3] left-padded to 3, its `prompt_index`."""
+    """One row per group: prompt ids [9, index + 3] left-padded to 3, its `prompt_index` and train row."""
     ids = torch.tensor([[PAD, 9, i + 3] for i in indices])  # (k, 3)
     return TensorDict(
-        {"prompt_ids": ids, "prompt_mask": (ids != PAD).long(), "prompt_index": torch.tensor(indices)},
+        {
+            "prompt_ids": ids,
+            "prompt_mask": (ids != PAD).long(),
+            "prompt_index": torch.tensor(indices),
+            "prompt_row": train_rows(*indices),
+        },
         batch_size=[len(indices)],
     )
 
@@ -57,12 +70,13 @@ def test_a_carried_batch_writes_each_group_with_its_own_prompt_and_admission_ver
     assert old["prompt_index"].tolist() == [7, 7] and old["policy_version"].tolist() == [0, 0]
     assert old["prompt_ids"].tolist() == [[PAD, 9, 10]] * 2
     assert new["prompt_index"].tolist() == [5, 5, 9, 9] and new["policy_version"].tolist() == [1] * 4
-    assert set(new.keys()) == set(responses.keys()) | {"prompt_ids", "prompt_mask", "prompt_index"}
+    assert set(new.keys()) == set(responses.keys()) | {"prompt_ids", "prompt_mask", "prompt_index", "prompt_row"}
+    assert [row.ground_truth for row in rows_from_column(new["prompt_row"])] == ["5", "5", "9", "9"]
 
 
 class SamplerDouble:
-    """Test double of AgentSampler: one episode loop; a row's context names its prompt_index, the gate
-    its episodes wait for."""
+    """Test double of AgentSampler: one episode loop; a row's context is its answer (its prompt_index), the
+    gate its episodes wait for."""
 
     def __init__(self, loop: AgentLoop):
         self.loop, self.spec = loop, loop.spec
@@ -70,8 +84,8 @@ class SamplerDouble:
     def loop_on(self, engine) -> AgentLoop:
         return self.loop
 
-    def context(self, prompt_index: int) -> EpisodeContext:
-        return EpisodeContext(str(prompt_index), "test")
+    def context(self, row: Row) -> EpisodeContext:
+        return EpisodeContext(row.ground_truth, "test")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +99,7 @@ def test_a_rank_fills_its_room_from_the_hand_ahead_and_writes_carried_groups_lat
     setup = RolloutSetup(
         rank=0,
         batch_size=2,  # one group of N = 2 per batch
-        spec=replace(ROLLOUT, consumes=ROLLOUT.consumes + PROMPT_INDEX),
+        spec=replace(ROLLOUT, consumes=ROLLOUT.consumes + PROMPT_INDEX + PROMPT_ROW),
         num_responses=2,
         max_response_length=64,
         eos_token_id=EOS,
@@ -97,6 +111,7 @@ def test_a_rank_fills_its_room_from_the_hand_ahead_and_writes_carried_groups_lat
     def bank(prompt_index: int) -> RecordingDock:
         dock = RecordingDock(prompts_of([9, prompt_index + 3], group=2))
         dock.batch["prompt_index"] = torch.full((2,), prompt_index)
+        dock.batch["prompt_row"] = train_rows(prompt_index, prompt_index)
         return dock
 
     def opened(name: int) -> None:

@@ -30,6 +30,8 @@ from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
+# what an agent's rollout reads besides: each sample's train row, by number and whole (the driver puts both)
+AGENT_COLUMNS = (*COLUMNS, "prompt_index", "prompt_row")
 AGENT = {"tools": [{"name": "calculator"}]}
 PARTIAL = {"partial_rollout": "resume", "max_tokens_per_round": 2}
 AHEAD = {"max_staleness": 1}  # partial rollout's generation runs ahead of an update
@@ -207,9 +209,7 @@ def test_an_agent_measuring_the_gap_writes_each_model_tokens_engine_logprob():
     episode); the tool's and padding tokens get 0, outside the response mask the gap is measured on."""
     tokenizer = chat_tokenizer()
     cfg = job(agent=AGENT, data={"chat_template": "model"}, monitoring={"mismatch": {"max_kl": 0.1}})
-    rollout = build_rollout(
-        cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, (*COLUMNS, "prompt_index"))
-    )
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, AGENT_COLUMNS))
     assert type(rollout) is AgentRollout
     engine = AnsweringEngine(tokenizer("4", add_special_tokens=False)["input_ids"])
     engine.weights = 4
@@ -263,7 +263,7 @@ def test_the_plain_evaluation_asks_the_engine_once_per_prompt():
 
 def agent_rollout(tokenizer) -> AgentRollout:
     cfg = job(agent=AGENT, data={"chat_template": "model"})
-    columns = (*COLUMNS, "prompt_index")
+    columns = AGENT_COLUMNS
     rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=replace(ROLLOUT, consumes=columns))
     assert isinstance(rollout, AgentRollout)
     return rollout
@@ -302,20 +302,13 @@ def test_the_agents_evaluation_answers_with_each_episodes_final_turn():
     assert out["environment_rewards"] == [[[], []], [[], []]] and "agent" in out
 
 
-def test_an_agent_with_a_harness_selects_the_harness_mode(tmp_path):
-    train = tmp_path / "train.jsonl"
-    train.write_text('{"prompt": "2+3=", "answer": "5"}\n')
-    cfg = job(agent={"harness": "my_agent:run"}, data={"train_files": [str(train)], "answer_key": "answer"})
+def test_an_agent_with_a_harness_selects_the_harness_mode():
+    cfg = job(agent={"harness": "my_agent:run"}, data={"answer_key": "answer"})
     assert mode_of(cfg) == "harness" and "harness" in MODES
     rollout = build_rollout(
-        cfg,
-        tokenizer=chat_tokenizer(),
-        rank=0,
-        batch_size=6,
-        spec=replace(ROLLOUT, consumes=COLUMNS),
-        train_files=[str(train)],
+        cfg, tokenizer=chat_tokenizer(), rank=0, batch_size=6, spec=replace(ROLLOUT, consumes=AGENT_COLUMNS)
     )
-    assert type(rollout) is HarnessRollout and rollout.rows[0].ground_truth == "5"
+    assert type(rollout) is HarnessRollout
 
 
 def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dropped():
@@ -327,7 +320,7 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
     tokenizer = chat_tokenizer()
     cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout=PARTIAL, dock=AHEAD)  # 2 tokens a round
     assert mode_of(cfg) == "agent"
-    columns = (*COLUMNS, "prompt_index")
+    columns = AGENT_COLUMNS
     rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, columns))
     answer = tokenizer("42", add_special_tokens=False)["input_ids"]
     turn = [*answer, tokenizer.eos_token_id]  # 3 tokens: cut after 2
@@ -359,9 +352,7 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
 def test_an_agents_episodes_within_the_round_budget_are_written_at_once():
     tokenizer = chat_tokenizer()
     cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout={**PARTIAL, "max_tokens_per_round": 5}, dock=AHEAD)
-    rollout = build_rollout(
-        cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, (*COLUMNS, "prompt_index"))
-    )
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, AGENT_COLUMNS))
     engine = AnsweringEngine(tokenizer("42", add_special_tokens=False)["input_ids"])
     prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
     dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
@@ -402,8 +393,8 @@ def harness_rollout(tmp_path, tokenizer, **sections):
     )
     cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"max_response_length": 64})})
     assert mode_of(cfg) == "harness"
-    spec = rollout_spec(cfg, (*COLUMNS, "prompt_index"))
-    return build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=spec, train_files=[str(train)])
+    spec = rollout_spec(cfg, AGENT_COLUMNS)
+    return build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=spec)
 
 
 def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dropped(tmp_path):

@@ -20,16 +20,30 @@ class DigitTokenizer:
 
 
 def reward_worker_without_files(cfg, rows, dock=None):
-    """A RewardWorker over `rows` with DigitTokenizer standing in for the tokenizer files it would load."""
+    """A RewardWorker with DigitTokenizer standing in for the tokenizer files it would load; `dock`'s batch
+    gets each sample's row of `rows` (`with_prompt_rows`)."""
     from rldock.runtime.flow.job_recipe import job_recipe
     from rldock.runtime.rewards import RewardScorer
     from rldock.runtime.workers.reward import RewardWorker
 
     worker = RewardWorker.__new__(RewardWorker)
-    worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
+    if dock is not None:
+        dock.batch = with_prompt_rows(dock.batch, rows)
+    worker.cfg, worker.banks, worker.tokenizer = cfg, dock, DigitTokenizer()
     worker.scorer = RewardScorer(cfg.reward)
     worker.follow(job_recipe(cfg))
     return worker
+
+
+def with_prompt_rows(batch: TensorDict, rows) -> TensorDict:
+    """`batch` with each sample's row of `rows`, by its `prompt_index`, in the dock's `prompt_row` column, as the
+    driver puts it with the prompt (data/row_column.py)."""
+    from rldock.runtime.data.row_column import padded_rows, row_bytes
+
+    encoded = [row_bytes(rows[i]) for i in batch["prompt_index"].tolist()]
+    width = max(map(len, encoded))
+    column = torch.frombuffer(padded_rows(encoded, width), dtype=torch.uint8).view(len(encoded), width)
+    return batch.update({"prompt_row": column})
 
 
 class OneBatchDock(PutThenGet):

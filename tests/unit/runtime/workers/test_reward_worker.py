@@ -1,6 +1,6 @@
 """The reward worker writes what its recipe produces: the shaped reward, and for DAPO also the
-unshaped score that dynamic sampling filters on; it finds each sample's ground truth by the
-sample's `prompt_index` in its own copy of the train rows."""
+unshaped score that dynamic sampling filters on; it reads each sample's ground truth in the sample's
+train-file row, which the driver puts in the dock with the prompt (`prompt_row`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_reward_worker_writes_the_shaped_reward_and_the_score(name):
         assert dock.written["reward"].tolist() == [1.0, 0.5]  # shaped: they differ
 
 
-def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
+def test_ground_truth_comes_from_the_row_the_driver_put_with_the_prompt(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "a", "answer": 12}\n{"prompt": "b", "answer": "77"}\n{"prompt": "c", "answer": "5"}\n')
     rows = load_rows([train], Columns(prompt="prompt", answer="answer"))
@@ -95,8 +95,6 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
             "learning_rate": 0.0,
         },
     ).with_ablations(fuse_reward_advantage=False)
-    worker = reward_worker_without_files(cfg, [Row("3+4=", "77", "addition")])
-    assert "rm_score" in worker.spec.consumes and worker.model_term == 1
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
     batch = TensorDict(
         {
@@ -107,7 +105,9 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
         },
         batch_size=[2],
     )
-    worker.banks = dock = OneBatchDock(batch)
+    dock = OneBatchDock(batch)
+    worker = reward_worker_without_files(cfg, [Row("3+4=", "77", "addition")], dock)
+    assert "rm_score" in worker.spec.consumes and worker.model_term == 1
     result = worker.compute_rewards(StageCall(1))
     assert dock.written["score"].tolist() == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dock_doubles import EOS, PAD, OneBatchDock, reward_worker_without_files
+from dock_doubles import EOS, PAD, OneBatchDock, reward_worker_without_files, with_prompt_rows
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
@@ -49,7 +49,7 @@ def user_file(tmp_path):
     return path
 
 
-def _worker(reference: str, rows, *, on_error: str = "fail") -> RewardWorker:
+def _worker(reference: str, *, on_error: str = "fail") -> RewardWorker:
     cfg = JobConfig(
         iterations=1,
         model={"path": "/nonexistent"},
@@ -63,7 +63,7 @@ def _worker(reference: str, rows, *, on_error: str = "fail") -> RewardWorker:
             "learning_rate": 0.0,
         },
     ).with_ablations(fuse_reward_advantage=False)
-    return reward_worker_without_files(cfg, rows)
+    return reward_worker_without_files(cfg, rows=[])
 
 
 def _rows(tmp_path: Path, *, chat: bool):
@@ -75,7 +75,7 @@ def _rows(tmp_path: Path, *, chat: bool):
     return load_rows([train], Columns(prompt="prompt", answer="answer"))
 
 
-def _rewards(worker: RewardWorker) -> tuple[list[float], dict]:
+def _rewards(worker: RewardWorker, rows) -> tuple[list[float], dict]:
     """The worker's rewards for four responses "77", "77", "12", "13" to rows 0, 1, 1, 1."""
     response_ids = torch.tensor([[10, 10, EOS], [10, 10, PAD], [4, 5, EOS], [4, 6, EOS]])  # (B, SL)
     response_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
@@ -83,7 +83,7 @@ def _rewards(worker: RewardWorker) -> tuple[list[float], dict]:
         {"response_ids": response_ids, "response_mask": response_mask, "prompt_index": torch.tensor([0, 1, 1, 1])},
         batch_size=[4],
     )
-    worker.banks = OneBatchDock(batch)
+    worker.banks = OneBatchDock(with_prompt_rows(batch, rows))
     worker.compute_rewards(StageCall(1))
     return worker.banks.written["score"].tolist(), worker.banks.written
 
@@ -91,8 +91,8 @@ def _rewards(worker: RewardWorker) -> tuple[list[float], dict]:
 @pytest.mark.parametrize("chat", [False, True])
 def test_a_trl_function_scores_as_the_same_rule_in_verls_form_through_the_reward_worker(user_file, tmp_path, chat):
     rows = _rows(tmp_path, chat=chat)
-    verl, verl_written = _rewards(_worker(f"{user_file}:verl_digits", rows))
-    trl, trl_written = _rewards(_worker(f"{user_file}:trl_digits", rows))
+    verl, verl_written = _rewards(_worker(f"{user_file}:verl_digits"), rows)
+    trl, trl_written = _rewards(_worker(f"{user_file}:trl_digits"), rows)
     assert verl == trl == [1.0, 0.0, 1.0, 0.0]
     assert torch.equal(verl_written["reward"], trl_written["reward"])
     seen = load_function(f"{user_file}:trl_digits", "test").__globals__["seen"]  # the module the worker imported
@@ -106,7 +106,7 @@ def test_a_trl_function_scores_as_the_same_rule_in_verls_form_through_the_reward
 
 
 def test_a_trl_none_counts_zero_as_in_trls_nansum(user_file, tmp_path):
-    rewards, _ = _rewards(_worker(f"{user_file}:trl_none", _rows(tmp_path, chat=False)))
+    rewards, _ = _rewards(_worker(f"{user_file}:trl_none"), _rows(tmp_path, chat=False))
     assert rewards == [0.0, 0.0, 1.0, 1.0]
 
 
@@ -119,4 +119,4 @@ def test_a_trl_none_counts_zero_as_in_trls_nansum(user_file, tmp_path):
 )
 def test_a_trl_function_that_cannot_fit_the_batch_fails_whatever_on_error_says(user_file, tmp_path, name, says):
     with pytest.raises(RewardError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        _rewards(_worker(f"{user_file}:{name}", _rows(tmp_path, chat=False), on_error="zero"))
+        _rewards(_worker(f"{user_file}:{name}", on_error="zero"), _rows(tmp_path, chat=False))

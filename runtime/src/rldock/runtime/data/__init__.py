@@ -2,8 +2,8 @@
 tokenized into the `PromptDataset` the trainer draws from with a `PromptSampler`.
 
 Flow: `prepare_data_files` (generate if configured) -> `load_rows` -> `PromptDataset` (chat
-template, tokens, drop over-long prompts). The reward worker calls `load_rows` on the same files
-to look up each sample's ground truth by its `prompt_index`.
+template, tokens, drop over-long prompts). Only the driver loads the rows: each sample's row travels
+through the dock with its prompt (data/row_column.py), where the reward and an environment read it.
 """
 
 from rldock.runtime.data.dataset import ALPHABET, PromptDataset, tokenizer_corpus

@@ -3,8 +3,8 @@
 Prompts longer than `algorithm.max_prompt_length` tokens (after the template, with BOS where one
 is added) are dropped, never cut (a cut prompt is a different question), counted and logged.
 The sampler draws positions 0..len-1 among the kept prompts; `prompt_index` maps them back to
-the row in the train files, which is what travels through the dock and what the reward worker
-looks its ground truth up by.
+the row in the train files, and the row itself travels through the dock with its prompt
+(`encoded_rows`, data/row_column.py), which is where the reward and an environment read it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from rldock.config.data import DataSpec
 from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data.rendering import prompt_messages, render_prompt, tokenize_prompts
+from rldock.runtime.data.row_column import row_bytes
 from rldock.runtime.data.rows import Example, PreferencePair, Row
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class PromptDataset:
         self._keep = keep  # position among kept prompts -> row in the train files
         self._texts = texts
         self._ids = ids
+        # each kept row as the dock carries it, pickled once; the dock's column is as wide as the longest
+        self._encoded = {index: row_bytes(rows[index]) for index in keep}
+        self.row_width = max(len(data) for data in self._encoded.values())
 
     def __len__(self) -> int:
         return len(self._keep)
@@ -115,6 +119,11 @@ class PromptDataset:
     def rows(self, positions: Sequence[int]) -> list[Row]:
         """The train-file rows of the kept prompts at `positions`."""
         return [self._rows[self._keep[p]] for p in positions]
+
+    def encoded_rows(self, positions: Sequence[int]) -> list[bytes]:
+        """The train-file rows of the kept prompts at `positions` as the dock's `prompt_row` column holds them
+        (data/row_column.py), each at most `row_width` bytes."""
+        return [self._encoded[self._keep[p]] for p in positions]
 
     def demonstrations(self, positions: Sequence[int]) -> list[list[dict] | None]:
         """The demonstrations (data.demonstration_key) of the kept prompts at `positions`; None where a

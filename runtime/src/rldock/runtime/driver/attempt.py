@@ -179,7 +179,6 @@ class Attempt:
             reference_dir=str(self.inputs.reference_dir),
             adapter_dir=adapter_dir,
             policy_version=self.policy_version,
-            train_files=self.inputs.data_files.train,
             environment_urls=environment_urls,
         )
         self.workers = self.create_workers(context)

@@ -19,8 +19,9 @@ from tensordict import TensorDict
 from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.episode_rows import episode_heads
 from rldock.runtime.data import PromptDataset
+from rldock.runtime.data.row_column import padded_rows
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.flow.columns import EPISODE, PROMPT_DRAW
+from rldock.runtime.flow.columns import EPISODE, PROMPT_DRAW, PROMPT_ROW
 from rldock.runtime.models.loading import encode_answers, pad_prompts
 from rldock.runtime.registry import Registry
 
@@ -39,16 +40,24 @@ BATCH_BUILDERS: Registry[BatchBuilder] = Registry("driver batch", field="algorit
 def prompt_groups(
     dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec, *, rows_per_episode: int = 1
 ) -> DriverBatch:
-    """Each prompt N*S times (S rows per sample: a harness's segments, else 1) with its train-file row:
-    (G*N*S,) rows."""
+    """Each prompt N*S times (S rows per sample: a harness's segments, else 1) with its train-file row, by
+    number and whole: (G*N*S,) rows."""
     prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length, tokenizer.pad_token_id)
     prompt_index = torch.tensor([dataset.prompt_index(p) for p in positions], dtype=torch.int64)  # (G,)
+    width = dataset.row_width
+    encoded = padded_rows(dataset.encoded_rows(positions), width)
+    prompt_row = (  # (G, W); frombuffer takes no empty buffer
+        torch.frombuffer(encoded, dtype=torch.uint8).view(len(positions), width)
+        if encoded
+        else torch.zeros((0, width), dtype=torch.uint8)
+    )
     n = algo.num_responses_per_prompt * rows_per_episode
     batch = TensorDict(
         {
             "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N*S, PL)
             "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
             "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N*S,)
+            PROMPT_ROW[0]: prompt_row.repeat_interleave(n, dim=0),  # (G*N*S, W)
         },
         batch_size=[len(positions) * n],
     )

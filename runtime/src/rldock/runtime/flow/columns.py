@@ -10,9 +10,12 @@ of the columns its spec reads are ready for it, which is what orders the stages.
 from __future__ import annotations
 
 PROMPT = ("prompt_ids", "prompt_mask")
-# (B,) int64: the train-file row of each sample's prompt; the reward worker looks the ground truth,
-# data source and extra info up by it in its own copy of the rows.
+# (B,) int64: the train-file row of each sample's prompt (what a harness's task names it by).
 PROMPT_INDEX = ("prompt_index",)
+# (B, W) uint8: that row itself (its prompt, ground truth, data source, extra info and columns), pickled and
+# zero-padded to the job's longest (data/row_column.py): the driver, which loads the rows, puts it with the
+# prompt, and the reward and an agent's rollout read it here, so no worker reads the train files.
+PROMPT_ROW = ("prompt_row",)
 # (B,) int64: each sample's prompt group by its draw number (0, 1, ... in the order the driver's feed drew
 # prompts, across epochs): the driver puts it with the prompt, a rollout that writes a group into other
 # rows (carried episodes) writes it with the group's prompt, and the driver reads it back through the

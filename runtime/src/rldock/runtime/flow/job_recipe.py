@@ -18,6 +18,7 @@ from rldock.runtime.flow.columns import (
     POLICY_VERSION,
     PROMPT_DRAW,
     PROMPT_INDEX,
+    PROMPT_ROW,
     RESPONSE_ATTENTION,
     RM_SCORE,
     ROUTED_EXPERTS,
@@ -145,9 +146,9 @@ def with_agent(recipe: Recipe) -> Recipe:
 
     def change(spec: WorkerState) -> WorkerState:
         produces, consumes = spec.produces, spec.consumes
-        if spec.name == ROLLOUT.name:  # an environment looks each sample's row up by its prompt_index
+        if spec.name == ROLLOUT.name:  # an environment checks answers against the sample's row
             produces += RESPONSE_ATTENTION + TRAJECTORY_COUNTS + TURNS
-            consumes += PROMPT_INDEX
+            consumes += PROMPT_INDEX + PROMPT_ROW
         if "response_mask" in spec.consumes:
             consumes += RESPONSE_ATTENTION
         if spec.name == REWARD_STATE.name:

@@ -17,7 +17,7 @@ import torch
 
 from rldock.config.algorithm import AlgorithmSpec
 from rldock.contract.algorithms import CATALOGUE
-from rldock.runtime.flow.columns import PROMPT, PROMPT_DRAW, PROMPT_INDEX
+from rldock.runtime.flow.columns import PROMPT, PROMPT_DRAW, PROMPT_INDEX, PROMPT_ROW
 from rldock.runtime.flow.states import CRITIC, ROLLOUT, SAMPLE_FACTS, WorkerState, worker_groups
 from rldock.runtime.registry import Registry
 
@@ -65,7 +65,9 @@ class Recipe:
     # what the driver puts each iteration: "prompt_groups" (G prompts x N) or "preference_pairs"
     # (G chosen/rejected pairs), a name in runtime/src/rldock/runtime/driver/feed.py's BATCH_BUILDERS
     driver_batch: str = "prompt_groups"
-    driver_produces: tuple[str, ...] = PROMPT + PROMPT_INDEX + PROMPT_DRAW  # the dock columns the driver puts
+    driver_produces: tuple[str, ...] = (
+        PROMPT + PROMPT_INDEX + PROMPT_ROW + PROMPT_DRAW
+    )  # the dock columns the driver puts
     sampling_rounds: SamplingRounds | None = None
     update_state: str = "update"  # the state whose results carry the training metrics
     # What one call of the advantage stage sees: "groups" (whole prompt groups, as they become

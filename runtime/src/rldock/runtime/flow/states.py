@@ -29,7 +29,7 @@ from rldock.runtime.flow.columns import (
     POLICY_VERSION,
     PROMPT,
     PROMPT_DRAW,
-    PROMPT_INDEX,
+    PROMPT_ROW,
     RESPONSE,
     RESPONSE_LENGTH,
     RM_SCORE,
@@ -50,7 +50,6 @@ class WorkerContext:
     reference_dir: str  # the initial policy: the reference, the critic's body, the tokenizer
     adapter_dir: str | None  # LoRA: the adapters the actor ranks resume with
     policy_version: int  # weight updates behind the actor ranks' starting policy
-    train_files: Sequence[str]  # the prompt files the driver read (the reward looks rows up in them)
     # The environment servers the trainer started (servers.command), by config field ("agent.environment",
     # "agent.sandbox") -> their base URLs.
     environment_urls: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -167,7 +166,6 @@ def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
         "banks": ctx.banks,
         "adapter_dir": ctx.adapter_dir,
         "policy_version": ctx.policy_version,
-        "train_files": ctx.train_files,  # an agent environment checks answers against the rows
         "environment_urls": ctx.environment_urls,
     }
 
@@ -193,10 +191,6 @@ def _critic_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
         "rank": rank,
         "world_size": world_size,
     }
-
-
-def _reward_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {**_tokenizer_arguments(ctx, rank, world_size), "train_files": ctx.train_files}
 
 
 def _advantage_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
@@ -239,7 +233,7 @@ CRITIC = WorkerGroup(
     memory="critic",
     checkpoint=CheckpointState(files=(CRITIC_FILE, CRITIC_OPTIMIZER_FILE)),
 )
-REWARD = WorkerGroup("reward", "rldock.runtime.workers.reward:RewardWorker", _reward_arguments, device=False)
+REWARD = WorkerGroup("reward", "rldock.runtime.workers.reward:RewardWorker", _tokenizer_arguments, device=False)
 ADVANTAGE = WorkerGroup(
     "advantage", "rldock.runtime.workers.advantage:AdvantageWorker", _advantage_arguments, device=False
 )
@@ -268,7 +262,7 @@ REFERENCE_INFERENCE = WorkerState(
 # `reward`: what the advantage reads (DAPO: shaped); `score`: the combined reward before shaping, what the
 # driver reads (sample_facts: reward_mean) and DAPO's filter keeps groups by.
 REWARD_STATE = WorkerState(
-    "reward", REWARD, "compute_rewards", consumes=RESPONSE + PROMPT_INDEX, produces=("reward", "score")
+    "reward", REWARD, "compute_rewards", consumes=RESPONSE + PROMPT_ROW, produces=("reward", "score")
 )
 ADVANTAGE_STATE = WorkerState(
     "advantage", ADVANTAGE, "compute_advantages", consumes=("reward",), produces=("advantage",)

@@ -18,7 +18,9 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.agent.episode_loop import Rollout
+from rldock.runtime.data.row_column import rows_from_column
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.flow.columns import PROMPT_ROW
 from rldock.runtime.rollout.agent_episodes import AgentSampler
 from rldock.runtime.rollout.episode_rounds import EpisodeRounds, Written, episode_keys
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup, unpadded
@@ -38,7 +40,7 @@ class AgentRollout(EpisodeRounds):
             engine,
             unpadded(batch["prompt_ids"], batch["prompt_mask"]),
             keys=episode_keys(self.setup, indices, request),
-            prompt_indices=batch["prompt_index"].tolist(),
+            rows=rows_from_column(batch[PROMPT_ROW[0]]),
             seed=request.iteration,
         )
 

@@ -11,7 +11,7 @@ own batch each iteration and no group misses its deadline on a rank the dock gav
   room, so the groups it starts are the ones the run's iterations write, no more;
 - runs the open episodes until a batch can be written (carry.py's cut) and writes those groups into the
   rows it was handed: each group's rows take the group's own prompt columns (not the iteration's: the
-  reward looks a row's answer up by its `prompt_index`), its response columns, and its `policy_version`,
+  reward reads a row's answer in its `prompt_row`), its response columns, and its `policy_version`,
   the version that admitted it (the oldest of its tokens': the dock's staleness bound sees it), each token
   its own (`token_policy_version`) as with `resume`.
 
@@ -31,10 +31,11 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.agent.episode_metrics import Sums, episode_sums, merged_sums
+from rldock.runtime.data.row_column import rows_from_column
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT, POLICY_VERSION
+from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT, POLICY_VERSION, PROMPT_ROW
 from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.agent_episodes import AgentSampler, episode_columns
 from rldock.runtime.rollout.carry import CarriedEpisodes, CarriedGroup, admits_fresh
@@ -140,7 +141,7 @@ class CarriedAgentRollout(AgentRollout):
         self.carried.admit(
             unpadded(prompts["prompt_ids"], prompts["prompt_mask"]),
             keys=[[number * group + j for j in range(group)] for number in numbers.tolist()],
-            contexts=[self.sampler.context(i) for i in prompts["prompt_index"].tolist()],
+            contexts=[self.sampler.context(row) for row in rows_from_column(prompts[PROMPT_ROW[0]])],
             version=request.policy_version,
             tags=[prompts[i] for i in range(len(prompts))],
         )

@@ -8,8 +8,9 @@ what those passes attend to), the trajectory's counts and the environment's per-
 reward (rldock.runtime.flow.columns).
 
 Here, beside the folders it joins, because it needs both the agent (environments, tools, the loop:
-rldock.runtime.agent) and the job's data (the train rows an environment checks answers against:
-rldock.runtime.data), and the data's generators and prompt rendering import the agent's formats.
+rldock.runtime.agent) and the job's data (the train rows an environment checks answers against, which
+come from the dock with each sample: rldock.runtime.data), and the data's generators and prompt rendering
+import the agent's formats.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rldock.runtime.agent.episode_metrics import Sums, episode_sums
 from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.agent.trajectory import final_turn_span, turn_columns
 from rldock.runtime.chat.conversation import ChatRenderer
-from rldock.runtime.data import Row, columns_of, load_rows
+from rldock.runtime.data import Row
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 
@@ -39,7 +40,6 @@ class AgentSampler:
         cfg: JobConfig,
         *,
         tokenizer,
-        train_files: Sequence[str],
         environment_urls: Mapping[str, Sequence[str]] | None = None,
         engine_columns: Sequence[str] = (),
     ):
@@ -57,9 +57,6 @@ class AgentSampler:
             tools=[tool.schema() for tool in self.tools.values()],
             opens_with_environment=self.environment is not None,
         )
-        # An environment checks answers against the sample's train-file row (by `prompt_index`, as the
-        # reward worker looks it up).
-        self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data)) if self.environment is not None else []
         self._loop: AgentLoop | None = None
         self.engine_columns = tuple(engine_columns)
 
@@ -77,10 +74,11 @@ class AgentSampler:
             )
         return self._loop
 
-    def context(self, prompt_index: int) -> EpisodeContext | None:
+    def context(self, row: Row) -> EpisodeContext | None:
+        """What an environment checks an episode's answers against: its sample's train-file row (the dock's
+        `prompt_row`, as the reward reads it)."""
         if self.environment is None:
             return None
-        row = self.rows[prompt_index]
         return EpisodeContext(row.ground_truth, row.data_source, row.extra_info or {})
 
     def rollout(
@@ -89,13 +87,13 @@ class AgentSampler:
         prompts: Sequence[list[int]],
         *,
         keys: Sequence[int],
-        prompt_indices: Sequence[int],
+        rows: Sequence[Row],
         seed: int,
         policy_version: int,
     ) -> tuple[TensorDict, Sums, list[int]]:
         """One episode per prompt row: the dock's columns (B rows), the episodes' metric sums and
         their response lengths (every token after the prompt)."""
-        rollout = self.start(engine, prompts, prompt_indices=prompt_indices, keys=keys, seed=seed)
+        rollout = self.start(engine, prompts, rows=rows, keys=keys, seed=seed)
         self.advance(engine, rollout, policy_version=policy_version)
         return self.columns(engine, rollout, policy_version=policy_version)
 
@@ -105,11 +103,11 @@ class AgentSampler:
         prompts: Sequence[list[int]],
         *,
         keys: Sequence[int],
-        prompt_indices: Sequence[int],
+        rows: Sequence[Row],
         seed: int,
     ) -> Rollout:
         """One episode per prompt row, their sessions opening; `advance` runs them."""
-        contexts = [self.context(i) for i in prompt_indices]
+        contexts = [self.context(row) for row in rows]
         return self.loop_on(engine).start(prompts, keys, contexts, seed=seed)
 
     def advance(

@@ -37,8 +37,10 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.agent.episode_metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns
-from rldock.runtime.data import Row, columns_of, load_rows
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import rows_from_column
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.flow.columns import PROMPT_ROW
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.rollout.agent_episodes import version_columns
@@ -73,10 +75,9 @@ class RunningHarnesses:
 class HarnessRollout(EpisodeRounds):
     """A user's harness through the gateway as an episode source (rollout/episode_rounds.py holds the rounds)."""
 
-    def __init__(self, setup: RolloutSetup, cfg: JobConfig, *, tokenizer, train_files: Sequence[str]):
+    def __init__(self, setup: RolloutSetup, cfg: JobConfig, *, tokenizer):
         super().__init__(setup)
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.rows = load_rows(train_files, columns_of(cfg.data))
         self.max_turns = cfg.agent.max_turns if cfg.agent is not None else 1
         self.engine_columns = setup.engine_columns
         self._episodes: GatewayEpisodes | None = None
@@ -98,7 +99,10 @@ class HarnessRollout(EpisodeRounds):
         per_episode = self.setup.rows_per_episode  # an episode's rows, consecutive: its first stands for it
         firsts = batch[::per_episode]
         running = self.episodes(capacity).start(
-            tasks=[task_of(self.rows[i], i) for i in firsts["prompt_index"].tolist()],
+            tasks=[
+                task_of(row, index)
+                for row, index in zip(rows_from_column(firsts[PROMPT_ROW[0]]), firsts["prompt_index"].tolist())
+            ],
             prompts=unpadded(firsts["prompt_ids"], firsts["prompt_mask"]),
             keys=episode_keys(self.setup, indices[::per_episode] // per_episode, request),
             seed=request.iteration,

@@ -53,13 +53,12 @@ def build_rollout(
     rank: int,
     batch_size: int,
     spec: StageSpec,
-    train_files: Sequence[str] = (),
     environment_urls: Mapping[str, Sequence[str]] | None = None,
 ) -> RolloutMode:
     """The job's rollout mode for actor `rank`, reading the rollout state's columns (`spec`: the job
     recipe's rollout state) `batch_size` samples at a time. An agent's episodes check answers
-    against the rows of `train_files` and run on the environment servers the trainer started
-    (`environment_urls`)."""
+    against each sample's train-file row (the dock's `prompt_row`) and run on the environment servers
+    the trainer started (`environment_urls`)."""
     setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, spec=spec)
     mode = mode_of(cfg)
     if mode in ("agent", "carry"):
@@ -70,7 +69,6 @@ def build_rollout(
         sampler = AgentSampler(
             cfg,
             tokenizer=tokenizer,
-            train_files=train_files,
             environment_urls=environment_urls or {},
             engine_columns=setup.engine_columns,
         )
@@ -87,7 +85,7 @@ def build_rollout(
     if mode == "harness":
         from rldock.runtime.rollout.harness import HarnessRollout
 
-        return HarnessRollout(setup, cfg, tokenizer=tokenizer, train_files=train_files)
+        return HarnessRollout(setup, cfg, tokenizer=tokenizer)
     if mode == "partial":
         return PartialRollout(setup, mode=cfg.rollout.partial_rollout)
     if mode == "streamed":

@@ -87,7 +87,6 @@ class ActorWorker(TakesTurns):
         banks: DockBanks,
         adapter_dir: str | None = None,
         policy_version: int = 0,
-        train_files: Sequence[str] = (),
         environment_urls: Mapping[str, Sequence[str]] | None = None,
     ):
         self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
@@ -130,14 +129,13 @@ class ActorWorker(TakesTurns):
         # (`apply_rollout_correction`); until then they are computed for the mismatch/ metrics only.
         budget = cfg.monitoring.mismatch
         self.applies_correction = budget is None or budget.action != "correct"
-        # An agent reads train_files for an environment and the URLs of the servers the trainer started.
+        # An agent's episodes run on the environment servers the trainer started.
         self.rollout: RolloutMode = build_rollout(
             cfg,
             tokenizer=self.tokenizer,
             rank=rank,
             batch_size=self.generation.replica_samples,
             spec=recipe.spec(ROLLOUT.name) if recipe.needs_rollout_engine else ROLLOUT,
-            train_files=train_files,
             environment_urls=environment_urls,
         )
 

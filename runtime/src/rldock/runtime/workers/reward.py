@@ -1,9 +1,9 @@
 """The reward worker state: decodes responses and scores them with the configured reward terms.
 
-Only each sample's `prompt_index` (its train-file row) travels through the dock; the worker reads
-the same train files itself at start and looks up the ground truth, data source and extra info by
-that index, so no reference text is ever tokenized into the dock. A `model` term's scores come
-precomputed from the reward_model state, as the dock's `rm_score` column.
+Each sample's train-file row travels through the dock with its prompt (`prompt_row`, put by the driver,
+data/row_column.py): the worker reads its ground truth, data source, extra info, prompt and columns there
+and reads no train file itself. A `model` term's scores come precomputed from the reward_model state, as
+the dock's `rm_score` column.
 
 Where the recipe fuses the advantage into this state (unless JobConfig.ablations turns it off: GRPO,
 DAPO), the worker takes whole prompt groups, runs the recipe's advantage stage on the rewards it
@@ -13,18 +13,17 @@ do the same arithmetic on the same rewards after two more Ray round trips.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import is_trajectory, reward_views
 from rldock.runtime.algorithms.episode_rows import episode_heads, to_rows
-from rldock.runtime.data import Row, columns_of, load_rows
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import rows_from_column
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
-from rldock.runtime.flow.columns import EPISODE
+from rldock.runtime.flow.columns import EPISODE, PROMPT_ROW
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REWARD_STATE, StageCall
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
@@ -33,15 +32,10 @@ from rldock.runtime.workers.advantage import advantage_batch_size, advantage_gen
 
 
 class RewardWorker:
-    def __init__(
-        self, cfg: JobConfig, *, recipe: Recipe, tokenizer_dir: str, banks: DockBanks, train_files: Sequence[str]
-    ):
+    def __init__(self, cfg: JobConfig, *, recipe: Recipe, tokenizer_dir: str, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.scorer = RewardScorer(cfg.reward)
-        # The trainer passes the files it read (a generator's are under the job's output), so
-        # prompt_index means the same row here as in the driver.
-        self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
         self.follow(recipe)
 
     def follow(self, recipe: Recipe) -> None:
@@ -68,11 +62,6 @@ class RewardWorker:
             else cfg.training.micro_batch_size
         )
 
-    def rows_of(self, batch: TensorDict) -> list[Row]:
-        """The train-file rows the samples' `prompt_index` names: their ground truths, data sources,
-        extra infos, prompts and columns."""
-        return [self.rows[i] for i in batch["prompt_index"].tolist()]
-
     def compute_rewards(self, call: StageCall) -> StageResult:
         metrics = RewardMetrics()
 
@@ -81,7 +70,7 @@ class RewardWorker:
             # judges), and its reward written on each of its rows
             episode = rows_batch[EPISODE[0]] if EPISODE[0] in rows_batch.keys() else None
             batch = rows_batch if episode is None else rows_batch[episode_heads(episode)]
-            rows = self.rows_of(batch)
+            rows: list[Row] = rows_from_column(batch[PROMPT_ROW[0]])  # ground truths, data sources, extra infos
             extra_infos = [row.extra_info for row in rows]
             if is_trajectory(batch):  # multi-turn: the final turn is the answer; the rest in extra_info
                 responses, trajectories = reward_views(self.tokenizer, batch)

@@ -13,6 +13,8 @@ import ray
 import torch
 from tensordict import TensorDict
 
+from rldock.runtime.data import Row
+from rldock.runtime.data.row_column import row_bytes
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.feed import DriverBatch
@@ -224,6 +226,9 @@ class RoundWorkersDouble:
         return {state: [ray.put(stage_result())] for state in states}
 
 
+ROW = row_bytes(Row("1+1=", "2", "addition"))  # every prompt's train row, as the dock carries it
+
+
 class PromptFeedDouble(FeedDouble):
     """The feed with every column the driver puts (prompt, mask, train row, the group's draw number)."""
 
@@ -237,7 +242,12 @@ class PromptFeedDouble(FeedDouble):
         draws = torch.arange(first, self.groups_drawn).repeat_interleave(GROUP_SIZE)
         return DriverBatch(
             TensorDict(
-                {**columns, "prompt_index": torch.zeros(rows, dtype=torch.int64), "prompt_draw": draws},
+                {
+                    **columns,
+                    "prompt_index": torch.zeros(rows, dtype=torch.int64),
+                    "prompt_row": torch.frombuffer(bytearray(ROW * rows), dtype=torch.uint8).view(rows, len(ROW)),
+                    "prompt_draw": draws,
+                },
                 batch_size=[rows],
             ),
             prompt_lengths=[3] * (rows // GROUP_SIZE),
