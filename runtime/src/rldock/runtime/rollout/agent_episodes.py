@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
@@ -25,11 +24,12 @@ from rldock.runtime.agent.builders import build_environment, build_parser, build
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode, Rollout
 from rldock.runtime.agent.episode_metrics import Sums, episode_sums
 from rldock.runtime.agent.interfaces import EpisodeContext
-from rldock.runtime.agent.trajectory import final_turn_span, turn_columns
+from rldock.runtime.agent.trajectory import final_turn_span
 from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data import Row
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
+from rldock.runtime.rollout.trajectory_rows import Trajectory, trajectory_columns
 
 SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION = AGENT_PARTIAL_ROLLOUT
 
@@ -177,60 +177,29 @@ def episode_columns(
     policy_version: int,
     engine_columns: Sequence[str] = (),
 ) -> TensorDict:
-    """The dock's response columns of `episodes`, one row each, with those of each token's version and
-    sampling logprob named in `engine_columns` (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
-    rows = len(episodes)
-    rewards = torch.zeros((rows, max_turns), dtype=torch.float32)  # (B, max_turns): the environment's per step
-    for row, episode in enumerate(episodes):
-        rewards[row, : len(episode.rewards)] = torch.tensor(episode.rewards, dtype=torch.float32)
-    response_ids = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)  # (B, SL)
-    model_mask = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
-    attention = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
-    for row, episode in enumerate(episodes):
-        length = len(episode.response)
-        response_ids[row, :length] = torch.tensor(episode.response, dtype=torch.int64)
-        model_mask[row, :length] = torch.tensor(episode.model_mask, dtype=torch.int64)
-        attention[row, :length] = 1
-    columns = TensorDict(
-        {
-            "response_ids": response_ids,
-            "response_mask": model_mask,
-            "response_attention_mask": attention,
-            "response_length": torch.tensor([len(e.response) for e in episodes], dtype=torch.int64),  # (B,)
-            "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
-            "num_turns": torch.tensor([e.turns for e in episodes], dtype=torch.int64),
-            "num_tool_calls": torch.tensor([e.num_tool_calls for e in episodes], dtype=torch.int64),
-            "num_tool_errors": torch.tensor([e.num_tool_errors for e in episodes], dtype=torch.int64),
-            "environment_rewards": rewards,
-            "num_environment_steps": torch.tensor([len(e.rewards) for e in episodes], dtype=torch.int64),
-            **turn_columns(
-                [e.turn_index for e in episodes],
-                [e.turn_rewards for e in episodes],
-                max_response_length=max_response_length,
-                max_turns=max_turns,
-            ),
-        },
-        batch_size=[rows],
+    """The dock's response columns of `episodes`, one row each (rollout/trajectory_rows.py's writer), with
+    those of each token's version and sampling logprob named in `engine_columns` (AGENT_PARTIAL_ROLLOUT)."""
+    return trajectory_columns(
+        [trajectory_of(episode) for episode in episodes],
+        max_response_length=max_response_length,
+        max_turns=max_turns,
+        pad_token_id=pad_token_id,
+        policy_version=policy_version,
+        engine_columns=engine_columns,
     )
-    if engine_columns:
-        per_token = version_columns(
-            [e.token_version for e in episodes], [e.logprobs for e in episodes], max_response_length=max_response_length
-        )
-        columns.update({name: per_token[name] for name in engine_columns})
-    return columns
 
 
-def version_columns(
-    versions: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *, max_response_length: int
-) -> dict[str, torch.Tensor]:
-    """Per row, from each response token's version (-1 where the model did not sample it) and logprob:
-    `token_policy_version` (B, SL) int64: the policy version that sampled each response token, -1 on the
-    tools', the environment's, the context's and padding tokens; `sampled_logprobs` (B, SL) float32: each
-    model token's logprob under the weights that sampled it, 0 elsewhere."""
-    rows = len(versions)
-    token_versions = torch.full((rows, max_response_length), -1, dtype=torch.int64)  # (B, SL)
-    sampled = torch.zeros((rows, max_response_length), dtype=torch.float32)  # (B, SL)
-    for row, (row_versions, row_logprobs) in enumerate(zip(versions, logprobs)):
-        token_versions[row, : len(row_versions)] = torch.tensor(row_versions, dtype=torch.int64)
-        sampled[row, : len(row_logprobs)] = torch.tensor(row_logprobs, dtype=torch.float32)
-    return {TOKEN_POLICY_VERSION: token_versions, SAMPLED_LOGPROBS: sampled}
+def trajectory_of(episode: Episode) -> Trajectory:
+    """A native-loop episode as its dock row (the driver's prompt)."""
+    return Trajectory(
+        response=episode.response,
+        model_mask=episode.model_mask,
+        turn_index=episode.turn_index,
+        turn_rewards=episode.turn_rewards,
+        rewards=episode.rewards,
+        num_turns=episode.turns,
+        num_tool_calls=episode.num_tool_calls,
+        num_tool_errors=episode.num_tool_errors,
+        versions=episode.token_version,
+        logprobs=episode.logprobs,
+    )

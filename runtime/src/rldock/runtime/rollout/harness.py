@@ -36,14 +36,12 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.episode_metrics import Sums
-from rldock.runtime.agent.trajectory import turn_columns
 from rldock.runtime.data import Row
 from rldock.runtime.data.row_column import rows_from_column
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.flow.columns import PROMPT_ROW
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent_episodes import version_columns
 from rldock.runtime.rollout.episode_rounds import EpisodeRounds, Written, episode_keys
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
@@ -51,6 +49,7 @@ from rldock.runtime.rollout.protocol import (
     RolloutSetup,
     unpadded,
 )
+from rldock.runtime.rollout.trajectory_rows import Trajectory, trajectory_columns
 
 
 def task_of(row: Row, prompt_index: int) -> dict:
@@ -243,69 +242,48 @@ def harness_columns(
     policy_version: int,
     engine_columns: Sequence[str] = (),
 ) -> TensorDict:
-    """The dock's columns of the episodes' rows, `rows_per_episode` per episode (module docstring): the prompt
-    columns too (each row's own prompt, left-padded); every row carries its episode's counts and rewards. With
-    those of each token's version and sampling logprob named in `engine_columns`
-    (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
-    rows = len(results) * rows_per_episode
-    prompt_ids = torch.full((rows, prompt_capacity), pad_token_id, dtype=torch.int64)  # (B, PL)
-    prompt_mask = torch.zeros_like(prompt_ids)
-    response_ids = torch.full((rows, response_capacity), pad_token_id, dtype=torch.int64)  # (B, SL)
-    model_mask = torch.zeros((rows, response_capacity), dtype=torch.int64)  # (B, SL)
-    attention = torch.zeros((rows, response_capacity), dtype=torch.int64)  # (B, SL)
-    rewards = torch.zeros((rows, max_steps), dtype=torch.float32)  # (B, max_turns)
-    steps = torch.zeros((rows,), dtype=torch.int64)
-    versions: list[list[int]] = []  # per row, over its response
-    logprobs: list[list[float]] = []
-    turn_indices: list[list[int]] = []  # per row, over its response
-    turn_rewards: list[list[float]] = []  # per row, per turn
-    for e, result in enumerate(results):
-        kept, _ = kept_segments(result, rows_per_episode)
-        kept_rewards = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
-        empty = SegmentRow(
-            result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty", [], [], []
-        )
-        for j in range(rows_per_episode):
-            i = e * rows_per_episode + j
-            row = result.rows[kept[j]] if j < len(kept) else empty
-            turns, per_turn = segment_turn_columns(result, kept[j], max_steps=max_steps) if j < len(kept) else ([], [])
-            prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
-            assert len(response) <= response_capacity, "the gateway bounds each turn by the row's response width"
-            if prompt:
-                prompt_ids[i, -len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
-                prompt_mask[i, -len(prompt) :] = 1
-            response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.int64)
-            model_mask[i, : len(response)] = torch.tensor(row.model_mask, dtype=torch.int64)
-            attention[i, : len(response)] = 1
-            rewards[i, : len(kept_rewards)] = torch.tensor(kept_rewards, dtype=torch.float32)
-            steps[i] = len(kept_rewards)
-            versions.append(row.versions)
-            logprobs.append(row.logprobs)
-            turn_indices.append(turns)
-            turn_rewards.append(per_turn)
-
-    def per_row(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).repeat_interleave(rows_per_episode)  # (B,)
-
-    columns = TensorDict(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": model_mask,
-            "response_attention_mask": attention,
-            "response_length": attention.sum(dim=1),  # (B,) every token after the prompt
-            "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
-            "num_turns": per_row([r.turns for r in results]),
-            "num_tool_calls": per_row([r.tool_calls for r in results]),
-            "num_tool_errors": torch.zeros((rows,), dtype=torch.int64),
-            "environment_rewards": rewards,
-            "num_environment_steps": steps,
-            **turn_columns(turn_indices, turn_rewards, max_response_length=response_capacity, max_turns=max_steps),
-        },
-        batch_size=[rows],
+    """The dock's columns of the episodes' rows, `rows_per_episode` per episode (module docstring;
+    rollout/trajectory_rows.py's writer): the prompt columns too (each row's own prompt, left-padded); every
+    row carries its episode's counts and rewards. With those of each token's version and sampling logprob
+    named in `engine_columns` (AGENT_PARTIAL_ROLLOUT)."""
+    return trajectory_columns(
+        [row for result in results for row in segment_trajectories(result, rows_per_episode, max_steps=max_steps)],
+        max_response_length=response_capacity,
+        max_turns=max_steps,
+        pad_token_id=pad_token_id,
+        policy_version=policy_version,
+        engine_columns=engine_columns,
+        prompt_capacity=prompt_capacity,
     )
-    if engine_columns:
-        per_token = version_columns(versions, logprobs, max_response_length=response_capacity)
-        columns.update({name: per_token[name] for name in engine_columns})
-    return columns
+
+
+def segment_trajectories(result: EpisodeResult, rows_per_episode: int, *, max_steps: int) -> list[Trajectory]:
+    """An episode's `rows_per_episode` dock rows (module docstring): its kept segments, then empty rows that
+    hold the last segment's prompt; each with the episode's counts and its latest `max_steps` rewards."""
+    kept, _ = kept_segments(result, rows_per_episode)
+    kept_rewards = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
+    rows = []
+    for j in range(rows_per_episode):
+        if j < len(kept):
+            row = result.rows[kept[j]]
+            turns, per_turn = segment_turn_columns(result, kept[j], max_steps=max_steps)
+        else:
+            row = SegmentRow(
+                result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty", [], [], []
+            )
+            turns, per_turn = [], []
+        rows.append(
+            Trajectory(
+                response=row.ids[row.prompt_length :],
+                model_mask=row.model_mask,
+                turn_index=turns,
+                turn_rewards=per_turn,
+                rewards=kept_rewards,
+                num_turns=result.turns,
+                num_tool_calls=result.tool_calls,
+                versions=row.versions,
+                logprobs=row.logprobs,
+                prompt=row.ids[: row.prompt_length],
+            )
+        )
+    return rows
