@@ -21,7 +21,7 @@ from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
 from rldock.runtime.rollout.episode_rounds import token_older_than
 from rldock.runtime.rollout.harness import HarnessRollout
-from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
+from rldock.runtime.rollout.modes import POLICIES, ROLLOUTS, SOURCES, build_rollout, rollout_pair
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup, sampling_logprobs
@@ -85,21 +85,23 @@ def setup(batch_size: int = G * N, columns: tuple[str, ...] = COLUMNS) -> Rollou
 
 
 @pytest.mark.parametrize(
-    ("sections", "mode", "built"),
+    ("sections", "pair", "built"),
     [
-        ({}, "plain", PlainRollout),
-        ({"rollout": {"stream_groups": 2}}, "streamed", StreamedRollout),
-        ({"rollout": PARTIAL}, "partial", PartialRollout),
+        ({}, ("engine", "complete"), PlainRollout),
+        ({"rollout": {"stream_groups": 2}}, ("engine", "complete"), StreamedRollout),
+        ({"rollout": PARTIAL}, ("engine", "resume"), PartialRollout),
+        ({"rollout": {**PARTIAL, "partial_rollout": "drop"}}, ("engine", "drop"), PartialRollout),
         # partial rollout writes its uncut groups when the batch ends: stream_groups is not read
-        ({"rollout": {**PARTIAL, "stream_groups": 2}}, "partial", PartialRollout),
-        ({"agent": AGENT}, "agent", AgentRollout),
-        ({"agent": AGENT, "rollout": CARRY, "dock": {"max_staleness": 1}}, "carry", CarriedAgentRollout),
+        ({"rollout": {**PARTIAL, "stream_groups": 2}}, ("engine", "resume"), PartialRollout),
+        ({"agent": AGENT}, ("agent", "complete"), AgentRollout),
+        ({"agent": AGENT, "rollout": PARTIAL, "dock": AHEAD}, ("agent", "resume"), AgentRollout),
+        ({"agent": AGENT, "rollout": CARRY, "dock": {"max_staleness": 1}}, ("agent", "carry"), CarriedAgentRollout),
     ],
 )
-def test_each_config_selects_its_mode(sections, mode, built):
+def test_each_config_selects_its_source_and_round_policy(sections, pair, built):
     cfg = job(**sections)
-    assert mode_of(cfg) == mode and mode in MODES
-    tokenizer = chat_tokenizer() if mode in ("agent", "carry") else TokenIds()
+    assert rollout_pair(cfg) == pair and pair in ROLLOUTS
+    tokenizer = chat_tokenizer() if pair[0] == "agent" else TokenIds()
     rollout = build_rollout(cfg, tokenizer=tokenizer, rank=1, batch_size=12, spec=replace(ROLLOUT, consumes=COLUMNS))
     assert type(rollout) is built
     assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.spec.consumes) == (1, 12, COLUMNS)
@@ -111,9 +113,32 @@ def test_each_config_selects_its_mode(sections, mode, built):
     [({"partial_rollout": "drop"}, "rollout.partial_rollout"), ({"stream_groups": 2}, "rollout.stream_groups")],
 )
 def test_the_config_refuses_an_agent_with_partial_rollout_or_streaming(rollout, field):
-    # mode_of asserts what the config's checks refuse (issue 65)
+    # rollout_pair asserts what the config's checks refuse
     cfg = job(agent=AGENT, rollout=rollout)
     assert [p for p in find_problems(cfg) if p.path == field and "with agent" in p.message]
+
+
+SOURCE_SECTIONS = {"engine": {}, "agent": {"agent": AGENT}, "harness": {"agent": {"harness": "my_agent:run"}}}
+POLICY_SECTIONS = {
+    "complete": {},
+    # a weight update cuts a generation only where it runs ahead (async); carried episodes are sync's
+    "resume": {"rollout": PARTIAL, "dock": AHEAD, "training": {"mode": "async"}},
+    "drop": {"rollout": {**PARTIAL, "partial_rollout": "drop"}, "dock": AHEAD, "training": {"mode": "async"}},
+    "carry": {"rollout": CARRY, "dock": AHEAD},
+}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_source_and_round_policy_is_built_or_refused_with_its_reason(source, policy):
+    """The matrix: each pair ROLLOUTS has is a job the config accepts, and each it lacks the config's checks
+    refuse on rollout.partial_rollout (the reason docs/agentic.md gives)."""
+    cfg = job(**SOURCE_SECTIONS[source], **POLICY_SECTIONS[policy])
+    refused = [p for p in find_problems(cfg) if p.path == "rollout.partial_rollout"]
+    if (source, policy) in ROLLOUTS:
+        assert refused == [] and rollout_pair(cfg) == (source, policy)
+    else:
+        assert refused, f"{source} x {policy} is neither built nor refused"
 
 
 def test_the_config_refuses_carry_without_an_agent():
@@ -304,7 +329,7 @@ def test_the_agents_evaluation_answers_with_each_episodes_final_turn():
 
 def test_an_agent_with_a_harness_selects_the_harness_mode():
     cfg = job(agent={"harness": "my_agent:run"}, data={"answer_key": "answer"})
-    assert mode_of(cfg) == "harness" and "harness" in MODES
+    assert rollout_pair(cfg) == ("harness", "complete")
     rollout = build_rollout(
         cfg, tokenizer=chat_tokenizer(), rank=0, batch_size=6, spec=replace(ROLLOUT, consumes=AGENT_COLUMNS)
     )
@@ -319,7 +344,7 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
     tokens the older version sampled."""
     tokenizer = chat_tokenizer()
     cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout=PARTIAL, dock=AHEAD)  # 2 tokens a round
-    assert mode_of(cfg) == "agent"
+    assert rollout_pair(cfg) == ("agent", "resume")
     columns = AGENT_COLUMNS
     rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, columns))
     answer = tokenizer("42", add_special_tokens=False)["input_ids"]
@@ -392,7 +417,7 @@ def harness_rollout(tmp_path, tokenizer, **sections):
         **sections,
     )
     cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"max_response_length": 64})})
-    assert mode_of(cfg) == "harness"
+    assert rollout_pair(cfg)[0] == "harness"
     spec = rollout_spec(cfg, AGENT_COLUMNS)
     return build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=spec)
 

@@ -175,7 +175,7 @@ class PartialRollout(RolloutMode):
     after it)."""
 
     def __init__(self, setup: RolloutSetup, *, mode: str):
-        assert mode in ("resume", "drop"), f"partial rollout mode {mode!r}: mode_of picks this class for resume or drop"
+        assert mode in ("resume", "drop"), f"partial rollout {mode!r}: ROLLOUTS builds it for resume or drop"
         self.setup, self.mode = setup, mode
         self.group = setup.num_responses
         self.max_response_length = setup.max_response_length
