@@ -112,16 +112,19 @@ def test_a_ring_rank_keeps_its_own_heads_and_the_float32_merge():
     rank_tokens, mask = 14, 28 * 28  # as in the Ulysses case above
     per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16
     merged = (4 * 2 + 4) * 4 // 4  # float32 output and log-sum-exps, in 4-byte elements
-    # a backward step's two float32 (4 heads, 14, 14) score blocks and the (14, 14) boolean causal comparison,
-    # beside the residual stream's gradient: more than the MLP's two I-wide gradients (14 x 2 x 16 x 4 = 1,792)
+    # a backward step's two float32 (4 heads, 14, 14) score tiles and the (14, 14) boolean causal comparison, its
+    # float32 output and query gradients (4 heads, 14, 2) and its key-and-value block (2, 2 KV heads, 14, 2) with
+    # its float32 gradient, each twice (the ring's shift), beside the residual stream's gradient: more than the
+    # MLP's two I-wide gradients (14 x 2 x 16 x 4 = 1,792)
     blocks = ring_block_bytes(SMALL, tokens=28, cp=2, tp=1, element=4)
-    assert blocks == 14 * 14 * (2 * 4 * 4 + 1) == 6_468
+    tiles, gradients, in_transit = 14 * 14 * (2 * 4 * 4 + 1), 2 * 4 * 14 * 2 * 4, 2 * (2 * 2 * 14 * 2) * (4 + 4)
+    assert blocks == tiles + gradients + in_transit == 6_468 + 896 + 1_792
     working = rank_tokens * 8 * 4 + blocks
     ring = activation_bytes(job(micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring"), SMALL)
     assert ring == 2 * rank_tokens * ((per_token + merged) * 4 + FLOAT32) + rank_tokens * FINAL_NORM + mask + working
-    # TP 2 leaves a rank two heads of each block; in float64 the blocks are float64; at CP 1 there is no ring
-    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=2, element=4) == 14 * 14 * (2 * 2 * 4 + 1)
-    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=1, element=8) == 14 * 14 * (2 * 4 * 8 + 1)
+    # TP 2 leaves a rank two heads and one KV head; in float64 every tensor is float64; at CP 1 there is no ring
+    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=2, element=4) == 3_332 + 448 + 896
+    assert ring_block_bytes(SMALL, tokens=28, cp=2, tp=1, element=8) == 12_740 + 1_792 + 3_584
     assert ring_block_bytes(SMALL, tokens=28, cp=1, tp=1, element=4) == 0
 
 
@@ -144,10 +147,14 @@ def test_ring_gets_a_cp_verdict_where_no_size_divides_the_kv_heads():
     verdict = check_fit(parse_job_config(data), shape, device_memory=48 * GIB)
     assert not verdict.fits and verdict.field == "training.context_parallel_size"
     # A ring backward step holds two float32 (28 heads, 512, 512) score tiles, 56 MiB whatever the length (whole
-    # (n, n) blocks were 924 GiB at CP 2 for these 133,120-token sequences), so CP 2 fits, as under Ulysses.
+    # (n, n) blocks were 924 GiB at CP 2 for these 133,120-token sequences), and its O(n) gradients and blocks in
+    # transit, 2.0 GiB at CP 2 (n 66,560) with this shape's one KV head; the job fits at CP 2, as under Ulysses.
     assert "(ring attention: each rank computes 1/2 of every sequence" in verdict.message
-    long = dataclasses.replace(SMALL, num_heads=28)
-    assert ring_block_bytes(long, tokens=133_120, cp=2, tp=1, element=2) == 512 * 512 * (2 * 28 * 4 + 1)
+    n, heads, kv_heads, width = 66_560, 28, 1, shape.head_dim
+    tiles = 512 * 512 * (2 * heads * 4 + 1)
+    step = tiles + 2 * heads * n * width * 4 + 2 * (2 * kv_heads * n * width) * (2 + 4)
+    assert ring_block_bytes(shape, tokens=133_120, cp=2, tp=1, element=2) == step
+    assert 1.9 * GIB < step - tiles < 2.0 * GIB and tiles < 57 << 20
 
 
 def test_a_trimmed_single_row_pass_holds_no_mask():

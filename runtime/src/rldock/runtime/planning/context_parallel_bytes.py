@@ -23,9 +23,10 @@ Ring attention instead keeps every head of its n positions: its attention functi
 q, k and v (as the kernel's are counted), and its merged output and log-sum-exps in float32
 (n (n_q d + n_q) four-byte elements, `ring_saved_width`); no head-sharded copies. Transient, in a layer's
 backward: two float32 (n_q, t, t) tiles (a tile's probabilities and their gradient) and the causal
-pass's (t, t) boolean comparison (`ring_block_bytes`), t = min(n, RING_TILE_POSITIONS): a step computes its
-block a tile of query rows by a tile of key columns at a time, as FlashAttention does, so what it holds
-does not grow with the sequence. Its traffic per
+pass's (t, t) boolean comparison, t = min(n, RING_TILE_POSITIONS): a step computes its block a tile of query
+rows by a tile of key columns at a time, as FlashAttention does, so its scores do not grow with the
+sequence; beside them the step's O(n) float32 gradients and the key-and-value blocks in transit
+(`ring_block_bytes`). Its traffic per
 layer and pass: the forward passes cp - 1 key-and-value blocks of n 2 n_kv d elements on; the
 backward passes them on again (cp - 1) and the blocks' float32 gradients cp times.
 """
@@ -35,9 +36,11 @@ from __future__ import annotations
 from rldock.runtime.planning.shapes import ModelShape
 
 # Query rows and key columns of the score tiles a ring-attention step computes at once
-# (engines/ring_attention.py reads it from here). 512 keeps a tile at H MiB in float32 (a 28-head rank's two
-# tiles 28 MiB) while each tile's matmuls stay large enough to run at the kernel's speed; the (n, n) block it
-# replaces was 924 GiB at the paper's 133,120-token 7B sequences on two ranks.
+# (engines/ring_attention.py reads it from here). 512 keeps a tile at H MiB in float32 (a 28-head rank's tile
+# 28 MiB, a backward step's two 56 MiB) while a step's tiles stay few: on the CPU each tile's matmuls are large
+# enough to run at the kernel's speed, on an accelerator each tile costs its kernels' launches (a fused
+# kernel would replace the loop there). The (n, n) blocks the tiles replace were 924 GiB at the paper's
+# 133,120-token 7B sequences on two ranks.
 RING_TILE_POSITIONS = 512
 
 
@@ -84,15 +87,24 @@ def ring_saved_width(shape: ModelShape, *, cp: int, element: int) -> int:
 
 
 def ring_block_bytes(shape: ModelShape, *, tokens: int, cp: int, tp: int, element: int) -> int:
-    """What a ring-attention rank's backward step holds of a pass of `tokens` tokens, at its fullest: a tile's
-    probabilities and their gradient, two (H, t, t) tiles (a TP rank's H heads) in float32 or wider
-    (engines/ring_attention.py's `_tile_backward`, each made in place of the tensor it comes from), and the
-    (t, t) boolean the causal comparison or the mask's negation makes, t = min(n, RING_TILE_POSITIONS) of a
-    rank's n positions; 0 at cp 1 (no ring)."""
+    """What a ring-attention rank's backward step holds of a pass of `tokens` tokens at its fullest, beyond what
+    autograd keeps (engines/ring_attention.py's `_RingAttention.backward`; n a rank's positions, H and KV a TP
+    rank's heads, D the head width, float32 or wider): a tile's probabilities and their gradient, two (H, t, t)
+    tiles, and the (t, t) boolean the causal comparison or the mask's negation makes, t = min(n,
+    RING_TILE_POSITIONS) (`_tile_backward`, each made in place of the tensor it comes from); and the step's
+    O(n) tensors: the output's gradient in float32 and the queries' gradient, (H, n, D) each, the key-and-value
+    block and its gradient, (2, KV, n, D) each, with the copy of each the ring's shift receives. At long
+    sequences the O(n) tensors are the larger (the 7B job's 133,120 tokens at CP 2: 2.5 GiB of them beside
+    56 MiB of tiles); 0 at cp 1 (no ring)."""
     if cp == 1:
         return 0
-    tile = min(tokens_per_rank(tokens, cp), RING_TILE_POSITIONS)
-    return tile * tile * (2 * (shape.num_heads // tp) * max(4, element) + 1)
+    n = tokens_per_rank(tokens, cp)
+    tile = min(n, RING_TILE_POSITIONS)
+    heads, kv_heads, wide = shape.num_heads // tp, max(1, shape.num_kv_heads // tp), max(4, element)
+    tiles = tile * tile * (2 * heads * wide + 1)
+    gradients = 2 * heads * n * shape.head_dim * wide  # the output's and the queries'
+    blocks = 2 * (2 * kv_heads * n * shape.head_dim) * (element + wide)  # the block and its gradient, each twice
+    return tiles + gradients + blocks
 
 
 def ring_bytes_per_pass(

@@ -43,9 +43,10 @@ dtypes.py) and put together here:
   a time, engines/head_logprobs.py, the positions whose logits fit in LOGIT_CHUNK_BYTES, 32 MiB), and
   a layer's backward working set, b*s*(h + 2 I) x e (`backward_working_bytes`: the residual stream's
   gradient and the MLP's three I-wide gradients less the down projection's input, which autograd has
-  freed by then; under ring attention the larger of that MLP term and a backward step's two (H, n, n)
-  float32 score blocks). The head's backward is done before the layers' starts, so the two are never
-  live together (docs/scaling.md, sections 9 and 12).
+  freed by then; under ring attention the larger of that MLP term and a backward step's two (H, t, t)
+  float32 score tiles with its O(n) gradients and key-and-value blocks in transit). The head's backward
+  is done before the layers' starts, so the two are never live together (docs/scaling.md, sections 9
+  and 12).
 - context parallelism (training.context_parallel_size): a rank computes and keeps 1/cp of a
   pass's tokens (Ulysses: its attention's tensors head-sharded over the whole sequence, as many
   elements, plus the kernel's output apart from the exchanged one the projection keeps: n_q d per
