@@ -118,3 +118,11 @@ def test_preference_pairs_need_the_pair_columns(plain_tokenizer):
     assert [tuple(p) for p in dataset.preference_pairs([0])] == [(0, "2", "3")]
     with pytest.raises(ValueError, match=r"f.jsonl row 1 has no preference pair; dpo needs data.chosen_key"):
         dataset.preference_pairs([1])
+
+
+def test_the_dock_carries_each_kept_row_as_wide_as_the_longest_and_a_long_one_is_named(plain_tokenizer, caplog):
+    rows = [*_rows("1+1=", "2+2="), Row("3+3=", "6", "src", {"tests": "x" * (70 << 10)}, file="train.jsonl", line=2)]
+    dataset = PromptDataset(rows, tokenizer=plain_tokenizer, spec=DataSpec(chat_template="none"), max_prompt_length=9)
+    encoded = dataset.encoded_rows([1, 2])
+    assert dataset.row_width == len(encoded[1]) > (70 << 10) and len(encoded[0]) < 300
+    assert "the longest train row (train.jsonl row 2) is 70 KiB" in caplog.text

@@ -48,19 +48,37 @@ def test_a_row_longer_than_the_column_is_refused():
         padded_rows([row_bytes(row)], 8)
 
 
-@pytest.mark.parametrize("package", ["workers", "rollout", "agent", "gateway", "engines", "training"])
+# What reading the train files looks like: the loader, its field, and the readers under it.
+READS_FILES = {"load_rows", "train_files", "load_dataset", "read_parquet", "read_json"}
+WORKER_SIDE = ["workers", "rollout", "agent", "gateway", "engines", "training", "rewards", "models", "dock"]
+
+
+def _names(tree: ast.AST) -> set[str]:
+    """Every name a module's code uses: variables, attributes, parameters, keywords and imported names."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg | ast.keyword) and node.arg is not None:
+            names.add(node.arg)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package", WORKER_SIDE)
 def test_no_worker_side_module_reads_the_train_files(package):
     """Only the driver (and the CLI's commands) load rows: a worker gets each sample's row from the dock."""
-    readers = []
-    for path in sorted((RUNTIME / package).rglob("*.py")):
-        names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
-        names |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
-        names |= {
-            alias.name
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom)
-            for alias in node.names
-        }
-        if names & {"load_rows", "train_files"}:
-            readers.append(str(path.relative_to(RUNTIME)))
-    assert readers == []
+    readers = {
+        str(path.relative_to(RUNTIME)): sorted(_names(ast.parse(path.read_text())) & READS_FILES)
+        for path in sorted((RUNTIME / package).rglob("*.py"))
+    }
+    assert {module: names for module, names in readers.items() if names} == {}
+
+
+def test_the_scan_sees_a_train_file_read_in_each_form():
+    code = "def f(train_files): pass\nload(files=x.train_files)\nfrom rldock.runtime.data import load_rows\n"
+    assert _names(ast.parse(code)) & READS_FILES == {"train_files", "load_rows"}
+    assert _names(ast.parse("g(data_files=p)\npandas.read_parquet(p)")) & READS_FILES == {"read_parquet"}

@@ -9,6 +9,7 @@ the row in the train files, and the row itself travels through the dock with its
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 # Every digit and the arithmetic signs are in a tiny model's vocabulary even when the train rows
 # use only some of them, so a sampling model can still write any number.
 ALPHABET = "0123456789+="
+# A row's bytes in the dock past which the dataset warns (`PromptDataset.row_width`): the dock stores every
+# sample's row as wide as the longest.
+ROW_WIDTH_WARNING = 64 << 10
 
 
 def tokenizer_corpus(rows: Sequence[Row], system_prompt: str | None = None) -> list[str]:
@@ -93,9 +97,6 @@ class PromptDataset:
         self._keep = keep  # position among kept prompts -> row in the train files
         self._texts = texts
         self._ids = ids
-        # each kept row as the dock carries it, pickled once; the dock's column is as wide as the longest
-        self._encoded = {index: row_bytes(rows[index]) for index in keep}
-        self.row_width = max(len(data) for data in self._encoded.values())
 
     def __len__(self) -> int:
         return len(self._keep)
@@ -119,6 +120,29 @@ class PromptDataset:
     def rows(self, positions: Sequence[int]) -> list[Row]:
         """The train-file rows of the kept prompts at `positions`."""
         return [self._rows[self._keep[p]] for p in positions]
+
+    @functools.cached_property
+    def _encoded(self) -> dict[int, bytes]:
+        """Each kept row as the dock carries it, pickled once, when the driver first puts one (a command that
+        only reads the prompts never pays for it)."""
+        return {index: row_bytes(self._rows[index]) for index in self._keep}
+
+    @functools.cached_property
+    def row_width(self) -> int:
+        """The dock's `prompt_row` width: the longest kept row's bytes. Every sample's row is stored that wide,
+        so one long row (a long `extra_info`) widens them all: past ROW_WIDTH_WARNING a warning names it."""
+        index, data = max(self._encoded.items(), key=lambda item: len(item[1]))
+        if len(data) > ROW_WIDTH_WARNING:
+            row = self._rows[index]
+            logger.warning(
+                "the longest train row (%s row %d) is %d KiB as the dock carries it, so every sample's dock row "
+                "(prompt_row) is: the dock holds num_prompts_per_iteration x num_responses_per_prompt of them "
+                "per bank; trim what the reward and environments do not read from the data files' rows",
+                row.file,
+                row.line,
+                len(data) >> 10,
+            )
+        return len(data)
 
     def encoded_rows(self, positions: Sequence[int]) -> list[bytes]:
         """The train-file rows of the kept prompts at `positions` as the dock's `prompt_row` column holds them

@@ -4,7 +4,7 @@ Files are read one by one with Hugging Face `datasets` (`load_dataset("json" | "
 data_files=<one local path>)`, never the Hub), so each row's file is known: every error names the
 file, the row and the column, and the default data source is the file's stem. Rows of several
 files are concatenated in the order the config lists them; a row's place in that concatenation is
-its `prompt_index`, the one number the dock carries for it.
+its `prompt_index`, which the dock carries beside the row itself (`prompt_row`, data/row_column.py).
 """
 
 from __future__ import annotations

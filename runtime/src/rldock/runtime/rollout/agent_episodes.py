@@ -1,16 +1,16 @@
 """What an actor rank's engine runs for a job with an `agent` section: multi-turn episodes for the
 rollout and for held-out evaluation, built once per actor from the job config.
 
-The rollout's episodes become the dock's columns here: `response_ids` (every token after the prompt,
-right-padded), `response_mask` (1 on the tokens the model sampled: what the old-logprob, reference
-and update passes score and train on), `response_attention_mask` (1 on every token of the trajectory:
-what those passes attend to), the trajectory's counts and the environment's per-step rewards for the
-reward (rldock.runtime.flow.columns).
+The rollout's episodes become the dock's rows here (`trajectory_of`, written by rollout/trajectory_rows.py
+as a harness's are): `response_ids` (every token after the prompt, right-padded), `response_mask` (1 on the
+tokens the model sampled: what the old-logprob, reference and update passes score and train on),
+`response_attention_mask` (1 on every token of the trajectory: what those passes attend to), the
+trajectory's counts and the environment's per-step rewards for the reward (rldock.runtime.flow.columns).
 
 Here, beside the folders it joins, because it needs both the agent (environments, tools, the loop:
-rldock.runtime.agent) and the job's data (the train rows an environment checks answers against, which
-come from the dock with each sample: rldock.runtime.data), and the data's generators and prompt rendering
-import the agent's formats.
+rldock.runtime.agent) and the job's data (an episode's environment checks answers against its sample's train
+row, `Row`, which the rollouts read from the dock: rldock.runtime.data), and the data's generators and prompt
+rendering import the agent's formats.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rldock.config import JobConfig
 from rldock.config.agent import partial_rollout_problem
@@ -30,6 +31,9 @@ from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import RolloutMode, RolloutSetup, rollout_setup
 from rldock.runtime.rollout.streamed import StreamedRollout
+
+if TYPE_CHECKING:
+    from rldock.runtime.rollout.agent_episodes import AgentSampler
 
 SOURCES = ("engine", "agent", "harness")
 POLICIES = ("complete", "resume", "drop", "carry")
@@ -41,7 +45,7 @@ class RankInputs:
     environment servers the trainer started (`environment_urls`: config field -> base URLs)."""
 
     cfg: JobConfig
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer
     rank: int
     environment_urls: Mapping[str, Sequence[str]]
 
@@ -56,7 +60,7 @@ def _engine_partial(setup: RolloutSetup, inputs: RankInputs) -> RolloutMode:
     return PartialRollout(setup, mode=inputs.cfg.rollout.partial_rollout)
 
 
-def _agent_sampler(setup: RolloutSetup, inputs: RankInputs):
+def _agent_sampler(setup: RolloutSetup, inputs: RankInputs) -> AgentSampler:
     from rldock.runtime.rollout.agent_episodes import AgentSampler
 
     return AgentSampler(
