@@ -33,8 +33,11 @@ from rldock.runtime.flow.states import WorkerState
 
 # Per-sample bytes of each dock column for prompt length PL and response length SL (the schema
 # of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; each sample's
-# prompt_index is one int64, the reward worker looks its ground truth up by it, and so is its prompt_draw).
+# prompt_index is one int64, and so is its prompt_draw; its train row, which the reward reads, is ROW_BYTES).
 _INT64, _FLOAT32 = 8, 4
+# A train row as the dock carries it (`prompt_row`, data/row_column.py): a short prompt's row pickled, its
+# answer, data source and extra info, about this wide (the demo's are 220-260 bytes).
+ROW_BYTES = 256
 # GRPO's flow, the one these benchmarks move
 CONSUMES, PRODUCES = get_recipe("grpo").consumes, get_recipe("grpo").produces
 
@@ -44,6 +47,7 @@ def column_bytes(pl: int, sl: int) -> dict[str, int]:
         "prompt_ids": pl * _INT64,
         "prompt_mask": pl * _INT64,
         "prompt_index": _INT64,
+        "prompt_row": ROW_BYTES,
         "prompt_draw": _INT64,  # the group's draw number, which the driver puts and reads back (the prompt ledger)
         "response_ids": sl * _INT64,
         "response_mask": sl * _INT64,
@@ -132,11 +136,13 @@ def make_prompts(dims: Dims, seed: int = 0) -> TensorDict:
     prompt_mask = (positions >= dims.PL - lengths[:, None]).long()  # (G*N, PL), left padding
     prompt_ids = prompt_mask * (torch.arange(dims.G).repeat_interleave(dims.N)[:, None] % 1000 + 3)
     prompt_index = torch.arange(dims.G).repeat_interleave(dims.N)  # (G*N,)
+    prompt_row = (prompt_index[:, None] + torch.arange(ROW_BYTES)).to(torch.uint8)  # (G*N, ROW_BYTES), per group
     return TensorDict(
         {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "prompt_index": prompt_index,
+            "prompt_row": prompt_row,
             "prompt_draw": prompt_index,
         },
         batch_size=[dims.num_samples],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rldock.runtime.dock import shared_columns
-from rldock.runtime.dock.shared_columns import remove_orphans
+from rldock.runtime.dock.shared_columns import process_runs, remove_orphans
 from rldock.runtime.dock.warehouse import Warehouse
 from rldock.runtime.dock.wire import WireColumn, from_wire, to_wire
 
@@ -165,3 +165,15 @@ def test_a_directory_this_process_cannot_open_leaves_the_rows_to_ray_calls(tmp_p
     gone = str(tmp_path / "rldock-gone")
     assert distributed._attach(gone, warehouse_id=0, start=0, capacity=4, group_size=1) is None
     distributed._ATTACHED.pop(gone)
+
+
+def test_a_process_reaped_between_the_open_and_the_read_is_not_running(monkeypatch):
+    """The kernel answers the read of an open /proc/<pid>/stat with ESRCH once the process is reaped (a
+    killed actor's, its raylet reaping it while a worker asks)."""
+
+    def reaped(fd, size):
+        raise ProcessLookupError(3, "No such process")
+
+    assert process_runs(os.getpid())
+    monkeypatch.setattr(shared_columns.os, "read", reaped)
+    assert not process_runs(os.getpid())

@@ -204,6 +204,8 @@ def process_runs(pid: int) -> bool:
         return True
     try:
         stat = os.read(fd, 4096)
+    except ProcessLookupError:  # reaped between the open and the read: the kernel answers ESRCH
+        return False
     finally:
         os.close(fd)
     if not stat:  # the process ended between the open and the read
