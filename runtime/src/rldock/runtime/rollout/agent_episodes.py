@@ -28,10 +28,7 @@ from rldock.runtime.agent.trajectory import final_turn_span
 from rldock.runtime.chat.conversation import ChatRenderer
 from rldock.runtime.data import Row
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
-from rldock.runtime.rollout.trajectory_rows import Trajectory, trajectory_columns
-
-SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION = AGENT_PARTIAL_ROLLOUT
+from rldock.runtime.rollout.trajectory_rows import SAMPLED_LOGPROBS, Trajectory, trajectory_columns
 
 
 class AgentSampler:

@@ -27,7 +27,6 @@ from rldock.runtime.agent.episode_metrics import Sums, merged_sums
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.rollout.agent_episodes import TOKEN_POLICY_VERSION
 from rldock.runtime.rollout.protocol import (
     RolloutMode,
     RolloutRequest,
@@ -35,6 +34,7 @@ from rldock.runtime.rollout.protocol import (
     decode_steps,
     run_rollout_stage,
 )
+from rldock.runtime.rollout.trajectory_rows import TOKEN_POLICY_VERSION
 
 # An ended batch as a source writes it: its dock columns, its episodes' metric sums, its response lengths.
 Written = tuple[TensorDict, Sums, list[int]]
