@@ -48,7 +48,13 @@ class RolloutSpec(Spec):
         "as this share less the weights and the training state still on the device while generating (all of it "
         "with resharding naive, none with allgather_swap; docs/placement.md#generation-memory).",
     )
-    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on CPU devices, GiB.")
+    cpu_kv_cache_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="KV cache size on CPU devices, GiB. Unset: what vLLM's 256 concurrent sequences of the job's "
+        "longest (max_prompt_length + max_response_length, in 128-token blocks) hold, at most 1 GiB "
+        "(docs/placement.md#generation-memory).",
+    )
     sleep_level: Literal[1, 2] = Field(
         default=1,
         description="How the engine sleeps between generation phases on NPU/CUDA (vLLM sleep mode; on CPU "

@@ -41,10 +41,12 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
 - vLLM runs five full garbage collections while it builds the engine (two around the weights' load, three
   before it freezes the heap for good, `freeze_gc_heap`, so that collections while serving skip what
   start-up made). Each walks every object the process holds: torch, transformers and vLLM's modules and,
-  in an actor, Ray's and the trainer's. The engine freezes that heap once first (after one collection, so
-  no cycle of garbage is kept), which leaves vLLM's collections the engine's own objects: the demo
-  engine's build took 0.9-1.0 s against 1.8 s in a fresh interpreter here. vLLM leaves the heap frozen
-  anyway once built, so nothing is kept that it would not keep.
+  in an actor, Ray's and the trainer's. The engine freezes that heap once first, which leaves vLLM's
+  collections the engine's own objects: the demo engine's build took 0.9-1.0 s against 1.8 s in a fresh
+  interpreter here. vLLM leaves the heap frozen anyway once built. The freeze comes without a collection
+  before it: the process has run none since it started (rldock.runtime.startup pauses them), so that one
+  would walk every object once more, 0.56 s of CPU after importing the actor's modules and vLLM, to free
+  17,862 objects of cyclic garbage (12 MiB, shallow sizes), which stay frozen instead.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
@@ -70,10 +72,12 @@ from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.models.moe import unfuse_experts
+from rldock.runtime.planning.cpu_kv_cache import cpu_kv_cache_bytes
+from rldock.runtime.planning.dtypes import DTYPE_BYTES
+from rldock.runtime.planning.shapes import shape_from_hf_config
 
 logger = logging.getLogger(__name__)
 
-GIB = 1 << 30
 _CPU_STEP_TOKENS = 4096  # vLLM's own CPU default for prompt tokens per engine step
 
 # Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
@@ -120,6 +124,24 @@ def _prepare_process(device: DeviceInfo) -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp_cache_precompile_headers = False
+
+
+def _cpu_kv_cache_bytes(rollout: RolloutSpec, model_config: dict, dtype: str, max_model_len: int) -> int:
+    """The KV cache of a CPU engine (planning/cpu_kv_cache.py): of the model's shape, per TP rank."""
+    try:
+        shape = shape_from_hf_config(model_config, name=model_config.get("model_type", ""))
+    except (KeyError, TypeError, ValueError) as error:  # an architecture the planner does not read: the cap
+        logger.info("the KV cache takes its cap: config.json gives no model shape the planner reads (%r)", error)
+        shape = None
+    size = cpu_kv_cache_bytes(
+        rollout,
+        shape,
+        dtype_bytes=DTYPE_BYTES[dtype],
+        generation_tp=rollout.tensor_parallel_size,
+        max_model_len=max_model_len,
+    )
+    logger.info("KV cache %.1f MiB per device", size / 2**20)
+    return size
 
 
 def _check_visible_devices(device: DeviceInfo, tp: int) -> None:
@@ -264,7 +286,9 @@ class VllmRolloutEngine:
             # Ray placement group by default, which would ask Ray for more devices than the job holds)
             engine_args.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
         if device.engine_kind == "cpu":
-            engine_args.update(kv_cache_memory_bytes=int(rollout.cpu_kv_cache_gib * GIB))
+            engine_args.update(
+                kv_cache_memory_bytes=_cpu_kv_cache_bytes(rollout, model_config, self.dtype, max_model_len)
+            )
             # No chunked prefill: when a step's prompt tokens outgrow its budget (G*N real prompts
             # do), vLLM splits one prompt's prefill, discards the token sampled for it and rewinds
             # that request's seeded generator, which a CPU generator refuses ("CPU Generator does
@@ -292,8 +316,7 @@ class VllmRolloutEngine:
             os.environ[_CPU_BIND] = "nobind"  # read by the TP workers at start (module docstring)
         start = time.perf_counter()
         self._rng_state: torch.Tensor | None = None  # the engine's CPU stream: vLLM seeds it at start
-        gc.collect()  # then frozen: vLLM's own collections walk the engine's objects only (module docstring)
-        gc.freeze()
+        gc.freeze()  # vLLM's own collections then walk the engine's objects only (module docstring)
         try:
             with self._own_rng():
                 self._llm = LLM(**engine_args)

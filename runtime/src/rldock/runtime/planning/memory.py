@@ -73,7 +73,8 @@ dtypes.py) and put together here:
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
 - KV cache: on an accelerator vLLM takes rollout.gpu_memory_utilization of the device and keeps
-  what its weights leave as cache; on CPU, rollout.cpu_kv_cache_gib.
+  what its weights leave as cache; on CPU, rollout.cpu_kv_cache_gib, else what the job's sequences
+  need at most 1 GiB (planning/cpu_kv_cache.py).
 
 Phases: on an accelerator the engine sleeps through the update (rollout.sleep_level; vLLM sleep
 mode): its KV cache is freed, and its weights go to host memory at level 1 or are discarded at level
@@ -128,6 +129,7 @@ from rldock.runtime.planning.activations import (
     update_all_to_all_bytes,
     update_micro_batches,
 )
+from rldock.runtime.planning.cpu_kv_cache import cpu_kv_cache_bytes
 from rldock.runtime.planning.dtypes import (
     COMPUTE_BYTES,
     DTYPE_BYTES,
@@ -366,7 +368,14 @@ def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) 
     """(generation weights, KV cache) per device of the replica's vLLM engine (split over its TP)."""
     weights = shape.num_params * DTYPE_BYTES[engine_dtype(cfg)] // job_layout(cfg).generation_tp
     if cfg.resources.device == "cpu" or device_memory is None:
-        return weights, int(cfg.rollout.cpu_kv_cache_gib * GIB)
+        cache = cpu_kv_cache_bytes(
+            cfg.rollout,
+            shape,
+            dtype_bytes=DTYPE_BYTES[engine_dtype(cfg)],
+            generation_tp=job_layout(cfg).generation_tp,
+            max_model_len=cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length,
+        )
+        return weights, cache
     return weights, max(0, int(cfg.rollout.gpu_memory_utilization * device_memory) - weights)
 
 

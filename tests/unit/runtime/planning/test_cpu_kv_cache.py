@@ -1,0 +1,64 @@
+"""A CPU engine's KV cache: the setting when given, else 256 sequences of the job's longest in 128-token blocks
+(by hand below), at most 1 GiB."""
+
+from rldock.config.rollout import RolloutSpec
+from rldock.runtime.planning.cpu_kv_cache import CPU_KV_CACHE_CAP_BYTES, cpu_kv_cache_bytes
+from rldock.runtime.planning.shapes import shape_from_hf_config
+
+MIB = 1024**2
+
+# The demo's tiny model (models/tiny_qwen2.py): 2 layers, 2 KV heads of 32 dims.
+TINY = shape_from_hf_config(
+    {
+        "model_type": "qwen2",
+        "vocab_size": 64,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 256,
+    },
+    name="tiny",
+)
+SMOLLM2 = shape_from_hf_config(
+    {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+    },
+    name="SmolLM2-135M",
+)
+
+
+def test_unset_it_holds_256_sequences_in_whole_blocks():
+    # a key and a value per layer and KV head in float32: 2 * 2 * 2 * 32 * 4 = 1024 bytes a token; the demo's
+    # 14-token sequences take one 128-token block each: 256 * 128 * 1024 bytes
+    size = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=1, max_model_len=14)
+    assert size == 32 * MIB
+    # 129 tokens take two blocks
+    assert cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=1, max_model_len=129) == 64 * MIB
+
+
+def test_generation_tp_splits_the_kv_heads_and_keeps_one_at_least():
+    half = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=2, max_model_len=14)
+    assert half == 16 * MIB
+    # TP 4 over 2 KV heads: each device still keeps one head
+    assert cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=4, max_model_len=14) == half
+
+
+def test_a_larger_model_gets_the_cap():
+    # 2 * 30 * 3 * 64 * 4 = 46,080 bytes a token; 256 * 1024 tokens would be 11.25 GiB
+    size = cpu_kv_cache_bytes(RolloutSpec(), SMOLLM2, dtype_bytes=4, generation_tp=1, max_model_len=1024)
+    assert size == CPU_KV_CACHE_CAP_BYTES == 1024 * MIB
+
+
+def test_the_setting_wins_and_an_unread_shape_gets_the_cap():
+    rollout = RolloutSpec(cpu_kv_cache_gib=0.25)
+    assert cpu_kv_cache_bytes(rollout, TINY, dtype_bytes=4, generation_tp=1, max_model_len=14) == 256 * MIB
+    assert cpu_kv_cache_bytes(RolloutSpec(), None, dtype_bytes=4, generation_tp=1, max_model_len=14) == 1024 * MIB
