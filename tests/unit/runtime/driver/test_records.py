@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from rldock.runtime.driver.records import MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
+from rldock.runtime.driver.records import (
+    MetricsLog,
+    ProgressPlot,
+    dock_traffic,
+    plot_progress,
+    tokens_per_s_per_device,
+)
 
 
 def test_throughput_is_the_papers_formula():
@@ -179,3 +185,14 @@ def test_progress_plot_ticks_whole_iterations_only(num_iterations):
     ticks = fig.axes[-1].get_xticks()
     plt.close(fig)
     assert len(ticks) >= 2 and all(float(tick).is_integer() for tick in ticks), ticks
+
+
+def test_the_progress_plot_is_drawn_again_only_when_records_came(tmp_path, saved):
+    plot = ProgressPlot(tmp_path / "progress.png")
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    records = [{"iteration": 1, **base}, {"iteration": 2, **base}]
+    plot.draw(records)  # a checkpoint's
+    plot.draw(records)  # the end of the run just after it
+    assert len(saved) == 1 and (tmp_path / "progress.png").stat().st_size > 0
+    plot.draw([*records, {"iteration": 3, **base}])
+    assert len(saved) == 2

@@ -43,11 +43,11 @@ from rldock.runtime.driver.prompt_ledger import PromptLedger
 from rldock.runtime.driver.records import (
     PLOT_FILE,
     MetricsLog,
+    ProgressPlot,
     bar_figures,
     iteration_record,
     iteration_records,
     last_evaluation,
-    plot_progress,
     progress_bar,
     progress_line,
 )
@@ -106,6 +106,7 @@ class Trainer:
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
         self._stop = StopRequest()  # the iteration under way saved for SIGTERM (then Preempted) or a drained worker
         self.ledger = PromptLedger()  # what became of each prompt group drawn (prompt_ledger.py)
+        self.plot = ProgressPlot(self.output_dir / PLOT_FILE)
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -154,7 +155,7 @@ class Trainer:
                 )
                 self.resume_from = ckpt.latest_checkpoint(self.output_dir)
         records = self.metrics.read()
-        plot_progress(records, self.output_dir / PLOT_FILE)
+        self.plot.draw(records)
         return iteration_records(records)
 
     def _attempt(self) -> Attempt:
@@ -341,4 +342,4 @@ class Trainer:
         state = {"sampler": loop.schedule.checkpoint_sampler_state()}
         self.ledger.save(staging, drawn=PromptSampler.drawn_in(state["sampler"]))
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
-        plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
+        loop.books.later(lambda: self.plot.draw(self.metrics.read()))  # the records up to this iteration
