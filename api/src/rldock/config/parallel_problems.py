@@ -24,8 +24,9 @@ def parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
     """PP (training.pipeline_parallel_size): stages of FSDP-sharded layers (runtime training/pipeline.py), beside
-    TP, CP and EP (the router's load-balancing loss included); DDP's stages are not built yet (docs/scaling.md
-    says why)."""
+    TP, CP and EP (the router's load-balancing loss included). DDP's stages would replicate what FSDP shards for
+    the same step, and FSDP over one rank holds what a DDP rank would, so PP runs under FSDP only
+    (docs/scaling.md, section 12)."""
     training = cfg.training
     pp = training.pipeline_parallel_size
     if pp == 1 or training.strategy == "fsdp":
@@ -33,7 +34,9 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
     return [
         Problem(
             "training.pipeline_parallel_size",
-            f"{pp} runs under strategy fsdp (each stage sharded over its data-parallel ranks); set it",
+            f"{pp} runs under strategy fsdp (each stage sharded over its data-parallel ranks, one rank at "
+            "data_parallel_size 1): DDP would replicate each stage's layers and optimizer state for the same step; "
+            "set training.strategy: fsdp",
         )
     ]
 
