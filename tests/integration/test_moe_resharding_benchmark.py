@@ -1,6 +1,7 @@
 """The eq. 3 benchmark's measurement (rldock_benchmarks.moe_resharding) on the tiny MoE at FSDP 2 x EP 2 and at
 PP 2 x FSDP 2 x EP 2: the training weights naive resharding leaves on the engines' ranks during generation are
-the planner's figure (FSDP pads a shard to whole rows: within 0.1%), and allgather_swap leaves none."""
+the planner's figure (FSDP pads a shard to whole rows: within 0.1%), and at FSDP 2 x EP 2 allgather_swap leaves
+none."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             "training.pipeline_parallel_size",
             f"{pp} runs under strategy fsdp (each stage sharded over its data-parallel ranks, one rank at "
             "data_parallel_size 1): DDP would replicate each stage's layers and optimizer state for the same step; "
-            "set training.strategy: fsdp",
+            "set training.strategy: fsdp (without the options built for DDP alone: training.lora, "
+            "rollout.sleep_level 2, training.micro_batch_tokens)",
         )
     ]
 

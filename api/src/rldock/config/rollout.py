@@ -51,9 +51,9 @@ class RolloutSpec(Spec):
     cpu_kv_cache_gib: float | None = Field(
         default=None,
         gt=0,
-        description="KV cache size on CPU devices, GiB. Unset: what vLLM's 256 concurrent sequences of the job's "
-        "longest (max_prompt_length + max_response_length, in 128-token blocks) hold, at most 1 GiB "
-        "(docs/placement.md#generation-memory).",
+        description="KV cache size on CPU devices, GiB. Unset: what vLLM's concurrent sequences (256 per device of "
+        "the engine's TP) of the job's longest (max_prompt_length + max_response_length, in 128-token blocks) "
+        "hold, at most 1 GiB (docs/placement.md#generation-memory).",
     )
     sleep_level: Literal[1, 2] = Field(
         default=1,

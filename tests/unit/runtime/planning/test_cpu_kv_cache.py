@@ -1,5 +1,5 @@
-"""A CPU engine's KV cache: the setting when given, else 256 sequences of the job's longest in 128-token blocks
-(by hand below), at most 1 GiB."""
+"""A CPU engine's KV cache: the setting when given, else 256 sequences per device of the engine's TP, each the
+job's longest in 128-token blocks, plus vLLM's null block (by hand below), at most 1 GiB."""
 
 from rldock.config.rollout import RolloutSpec
 from rldock.runtime.planning.cpu_kv_cache import CPU_KV_CACHE_CAP_BYTES, cpu_kv_cache_bytes
@@ -38,18 +38,21 @@ SMOLLM2 = shape_from_hf_config(
 
 def test_unset_it_holds_256_sequences_in_whole_blocks():
     # a key and a value per layer and KV head in float32: 2 * 2 * 2 * 32 * 4 = 1024 bytes a token; the demo's
-    # 14-token sequences take one 128-token block each: 256 * 128 * 1024 bytes
+    # 14-token sequences take one 128-token block each, and vLLM keeps one block back: (256 + 1) * 128 tokens
     size = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=1, max_model_len=14)
-    assert size == 32 * MIB
+    assert size == (256 + 1) * 128 * 1024
     # 129 tokens take two blocks
-    assert cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=1, max_model_len=129) == 64 * MIB
+    size = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=1, max_model_len=129)
+    assert size == (2 * 256 + 1) * 128 * 1024
 
 
-def test_generation_tp_splits_the_kv_heads_and_keeps_one_at_least():
-    half = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=2, max_model_len=14)
-    assert half == 16 * MIB
-    # TP 4 over 2 KV heads: each device still keeps one head
-    assert cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=4, max_model_len=14) == half
+def test_generation_tp_runs_256_sequences_per_device_over_its_share_of_the_kv_heads():
+    # vLLM runs 256 x TP sequences at once on a CPU; each device holds one of the 2 KV heads: 512 bytes a token
+    size = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=2, max_model_len=14)
+    assert size == (2 * 256 + 1) * 128 * 512
+    # TP 4 over 2 KV heads: each device still keeps one head, for 1024 sequences
+    size = cpu_kv_cache_bytes(RolloutSpec(), TINY, dtype_bytes=4, generation_tp=4, max_model_len=14)
+    assert size == (4 * 256 + 1) * 128 * 512
 
 
 def test_a_larger_model_gets_the_cap():

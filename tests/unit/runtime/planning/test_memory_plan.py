@@ -236,8 +236,9 @@ def test_the_engine_sleeps_through_the_update_on_an_accelerator(level, host_weig
 def test_on_cpu_the_engine_keeps_its_weights_and_cache_through_the_update():
     cfg = _with(job(), "resources", device="cpu")
     plan = plan_memory(cfg, SMALL, device_memory=64 * GIB)
-    # rollout.cpu_kv_cache_gib unset: 256 sequences of one 128-token block, 2 * 2 * 1 * 4 * 4 bytes a token
-    weights, kv_cache = SMALL.num_params * 4, 256 * 128 * 64
+    # rollout.cpu_kv_cache_gib unset: 256 sequences of one 128-token block and vLLM's null block, 2 * 2 * 1 * 4 * 4
+    # bytes a token
+    weights, kv_cache = SMALL.num_params * 4, (256 + 1) * 128 * 64
     assert not plan.engine_sleeps
     assert (plan.update.generation_weights, plan.update.kv_cache, plan.update.host) == (weights, kv_cache, 0)
     assert plan.weight_push == plan.update.training_state + weights + kv_cache

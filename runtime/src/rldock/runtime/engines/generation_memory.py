@@ -10,7 +10,8 @@ the device while it generates (all of it with `training.resharding: naive`, none
 
 On CPU vLLM refuses sleep mode (`enable_sleep_mode` raises), so the cycle runs the same sequence
 with every sleep and wake a no-op: the engine keeps its weights and a fixed KV cache of
-`rollout.cpu_kv_cache_gib` in host memory, and nothing is freed between phases.
+`rollout.cpu_kv_cache_gib` (else planning/cpu_kv_cache.py's default) in host memory, and nothing is freed
+between phases.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def engine_kv_cache_bytes(
 ) -> int | None:
     """An actor rank's engine KV cache on an accelerator: its share of the device less its weights
     and the training state left there while generating (none when allgather_swap swaps it out).
-    None for a CPU engine (the npu twin's too), where rollout.cpu_kv_cache_gib sizes it."""
+    None for a CPU engine (the npu twin's too), sized by planning/cpu_kv_cache.py."""
     if device.engine_kind == "cpu":
         return None
     params = list(model.parameters())

@@ -43,10 +43,12 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
   start-up made). Each walks every object the process holds: torch, transformers and vLLM's modules and,
   in an actor, Ray's and the trainer's. The engine freezes that heap once first, which leaves vLLM's
   collections the engine's own objects: the demo engine's build took 0.9-1.0 s against 1.8 s in a fresh
-  interpreter here. vLLM leaves the heap frozen anyway once built. The freeze comes without a collection
-  before it: the process has run none since it started (rldock.runtime.startup pauses them), so that one
-  would walk every object once more, 0.56 s of CPU after importing the actor's modules and vLLM, to free
-  17,862 objects of cyclic garbage (12 MiB, shallow sizes), which stay frozen instead.
+  interpreter here. vLLM leaves the heap frozen anyway once built. The freeze comes without a full
+  collection before it, which would walk every object once more to free the cyclic garbage the process's
+  imports left (their collections are paused, rldock.runtime.startup): in a fresh interpreter with
+  collections off, after importing the actor's modules and vLLM, 0.56 s of CPU for 17,862 objects (12 MiB,
+  shallow sizes); with SmolLM2-135M loaded beside them, 11,122 objects and no tensor. That garbage stays
+  frozen instead.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
@@ -55,6 +57,7 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -110,11 +113,11 @@ def _prepare_process(device: DeviceInfo) -> None:
             )
     if device.engine_kind != "cpu":
         return
-    # kv cache size comes from rollout.cpu_kv_cache_gib (as bytes, so fractions of a GiB work);
+    # kv cache size comes from planning/cpu_kv_cache.py (as bytes, so fractions of a GiB work);
     # vLLM lets the legacy whole-GiB variable override it, so a stray one is dropped loudly.
     stray = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     if stray is not None:
-        logger.warning("ignoring VLLM_CPU_KVCACHE_SPACE=%s; rollout.cpu_kv_cache_gib sets it", stray)
+        logger.warning("ignoring VLLM_CPU_KVCACHE_SPACE=%s; rollout.cpu_kv_cache_gib or its default sizes it", stray)
     if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in os.environ:
         # vLLM compiles a few small sampler kernels with inductor even in eager mode (the rank of
         # each sampled token when logprobs are asked for). Inductor's precompiled header lives in
@@ -128,18 +131,18 @@ def _prepare_process(device: DeviceInfo) -> None:
 
 def _cpu_kv_cache_bytes(rollout: RolloutSpec, model_config: dict, dtype: str, max_model_len: int) -> int:
     """The KV cache of a CPU engine (planning/cpu_kv_cache.py): of the model's shape, per TP rank."""
-    try:
-        shape = shape_from_hf_config(model_config, name=model_config.get("model_type", ""))
-    except (KeyError, TypeError, ValueError) as error:  # an architecture the planner does not read: the cap
-        logger.info("the KV cache takes its cap: config.json gives no model shape the planner reads (%r)", error)
-        shape = None
-    size = cpu_kv_cache_bytes(
+    sized = functools.partial(
+        cpu_kv_cache_bytes,
         rollout,
-        shape,
         dtype_bytes=DTYPE_BYTES[dtype],
         generation_tp=rollout.tensor_parallel_size,
         max_model_len=max_model_len,
     )
+    try:
+        size = sized(shape_from_hf_config(model_config, name=model_config.get("model_type", "")))
+    except (KeyError, TypeError, ValueError, ArithmeticError) as error:  # a shape the planner does not read
+        logger.info("the KV cache takes its cap: config.json gives no model shape the planner reads (%r)", error)
+        size = sized(None)
     logger.info("KV cache %.1f MiB per device", size / 2**20)
     return size
 
@@ -253,7 +256,7 @@ class VllmRolloutEngine:
         """`dtype`: model.dtype, the trainer's; the engine runs `rollout.dtype` when set (see
         `generation_dtype`). `kv_cache_bytes`: the KV cache's size on an accelerator
         (generation_memory.kv_cache_budget); None leaves vLLM to size it from
-        rollout.gpu_memory_utilization. Ignored on CPU, where rollout.cpu_kv_cache_gib sizes it."""
+        rollout.gpu_memory_utilization. Ignored on CPU, sized there by planning/cpu_kv_cache.py."""
         _prepare_process(device)
         from vllm import LLM
 
