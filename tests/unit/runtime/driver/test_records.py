@@ -7,7 +7,6 @@ import pytest
 
 from rldock.runtime.driver.records import (
     MetricsLog,
-    ProgressPlot,
     dock_traffic,
     plot_progress,
     tokens_per_s_per_device,
@@ -188,11 +187,13 @@ def test_progress_plot_ticks_whole_iterations_only(num_iterations):
 
 
 def test_the_progress_plot_is_drawn_again_only_when_records_came(tmp_path, saved):
-    plot = ProgressPlot(tmp_path / "progress.png")
+    log = MetricsLog(tmp_path)
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
-    records = [{"iteration": 1, **base}, {"iteration": 2, **base}]
-    plot.draw(records)  # a checkpoint's
-    plot.draw(records)  # the end of the run just after it
+    for iteration in (1, 2):
+        log.append({"iteration": iteration, **base})
+    assert [r["iteration"] for r in log.draw()] == [1, 2]  # a checkpoint's
+    log.draw()  # the end of the run just after it
     assert len(saved) == 1 and (tmp_path / "progress.png").stat().st_size > 0
-    plot.draw([*records, {"iteration": 3, **base}])
+    log.append({"iteration": 3, **base})
+    log.draw()
     assert len(saved) == 2

@@ -155,7 +155,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
     from rldock.runtime.data.sampler import PromptSampler
     from rldock.runtime.dock import DockActorDiedError
     from rldock.runtime.driver.feed import Feed
-    from rldock.runtime.driver.records import MetricsLog, ProgressPlot
+    from rldock.runtime.driver.records import MetricsLog
 
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = SimpleNamespace(iterations=2)
@@ -165,7 +165,6 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
     monkeypatch.setattr(trainer._stop, "install", lambda *args: None)
     trainer._utilisation = object()  # the mfu/ inputs, as if measured on an earlier attempt: no actor here
     trainer.inputs = SimpleNamespace(feed=Feed(None, PromptSampler(8, seed=0), None, None, "prompt_groups"))
-    trainer.plot = ProgressPlot(tmp_path / "progress.png")
     docks: list[TransferDock] = []
     kept: list[bool] = []
 

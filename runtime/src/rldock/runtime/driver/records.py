@@ -207,10 +207,24 @@ def reference_metrics(inferences: Sequence[StageResult]) -> dict:
 
 
 class MetricsLog:
-    """metrics.jsonl with one JSON object per finished iteration, never holding an iteration twice."""
+    """metrics.jsonl with one JSON object per finished iteration, never holding an iteration twice, and its
+    drawing, progress.png (`draw`)."""
 
     def __init__(self, output_dir: Path):
         self.path = Path(output_dir) / METRICS_FILE
+        self.plot_path = Path(output_dir) / PLOT_FILE
+        self._drawn: int | None = None  # how many records progress.png shows
+
+    def draw(self) -> list[dict[str, Any]]:
+        """progress.png of the records (returned), unless no record came since the last drawing (the end of a
+        run just after its last checkpoint). The trainer draws at each checkpoint in its bookkeeping thread, off
+        the loop (a drawing takes about 0.16 s of CPU, the first 0.5 s with matplotlib's import, where the demo's
+        iteration takes 0.1 s), and at the end of the run."""
+        records = self.read()
+        if len(records) != self._drawn:
+            plot_progress(records, self.plot_path)
+            self._drawn = len(records)
+        return records
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -305,22 +319,6 @@ def bar_figures(record: dict[str, Any], last_evaluation: dict[str, Any] | None) 
         "tps": f"{record['tokens_per_s_per_device']:.0f}",
         **val,
     }
-
-
-class ProgressPlot:
-    """A run's progress.png, drawn at each checkpoint and at the end of the run (the trainer draws a checkpoint's
-    in its bookkeeping thread, off the loop: a drawing takes about 0.16 s of CPU, the first 0.5 s with
-    matplotlib's import, where the demo's iteration takes 0.1 s), and not drawn again while no record came
-    since the last drawing (the end of a run just after its last checkpoint)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._drawn: int | None = None  # how many records the file shows
-
-    def draw(self, records: list[dict[str, Any]]) -> None:
-        if len(records) != self._drawn:
-            plot_progress(records, self.path)
-            self._drawn = len(records)
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:

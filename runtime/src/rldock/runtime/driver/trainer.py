@@ -41,9 +41,7 @@ from rldock.runtime.driver.mismatch_budget import MismatchBudget
 from rldock.runtime.driver.preemption import StopRequest
 from rldock.runtime.driver.prompt_ledger import PromptLedger
 from rldock.runtime.driver.records import (
-    PLOT_FILE,
     MetricsLog,
-    ProgressPlot,
     bar_figures,
     iteration_record,
     iteration_records,
@@ -106,7 +104,6 @@ class Trainer:
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
         self._stop = StopRequest()  # the iteration under way saved for SIGTERM (then Preempted) or a drained worker
         self.ledger = PromptLedger()  # what became of each prompt group drawn (prompt_ledger.py)
-        self.plot = ProgressPlot(self.output_dir / PLOT_FILE)
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -154,9 +151,7 @@ class Trainer:
                     self.max_restarts,
                 )
                 self.resume_from = ckpt.latest_checkpoint(self.output_dir)
-        records = self.metrics.read()
-        self.plot.draw(records)
-        return iteration_records(records)
+        return iteration_records(self.metrics.draw())
 
     def _attempt(self) -> Attempt:
         return Attempt(self.cfg, self.inputs, output_dir=self.output_dir, resume_from=self.resume_from)
@@ -342,4 +337,4 @@ class Trainer:
         state = {"sampler": loop.schedule.checkpoint_sampler_state()}
         self.ledger.save(staging, drawn=PromptSampler.drawn_in(state["sampler"]))
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
-        loop.books.later(lambda: self.plot.draw(self.metrics.read()))  # the records up to this iteration
+        loop.books.later(self.metrics.draw)  # the records up to this iteration
