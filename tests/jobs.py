@@ -139,14 +139,13 @@ def train_demo(output: Path, overrides: Mapping[str, object], *, resume: bool = 
 def small_layout(root: Path, iterations: int, layout: Mapping[str, object]) -> dict[str, object]:
     """The overrides of a job that tries a parallel layout (`layout`: the training and rollout
     fields it sets) on the tiny model built once in root/model: 4 prompts x 4 responses, no
-    warm-up, a small KV cache."""
+    warm-up (the KV cache its default, sized to the tiny model's sequences)."""
     return {
         "iterations": iterations,
         "model.path": str(root / "model"),
         "warmup.steps": 0,
         "algorithm.num_prompts_per_iteration": 4,
         "algorithm.num_responses_per_prompt": 4,
-        "rollout.cpu_kv_cache_gib": 0.25,
         **layout,
     }
 
