@@ -3,7 +3,7 @@ job's longest in 128-token blocks, plus vLLM's null block (by hand below), at mo
 
 from rldock.config.rollout import RolloutSpec
 from rldock.runtime.planning.cpu_kv_cache import CPU_KV_CACHE_CAP_BYTES, cpu_kv_cache_bytes
-from rldock.runtime.planning.shapes import shape_from_hf_config
+from rldock.runtime.planning.shapes import PRESETS, shape_from_hf_config
 
 MIB = 1024**2
 
@@ -20,19 +20,6 @@ TINY = shape_from_hf_config(
         "intermediate_size": 256,
     },
     name="tiny",
-)
-SMOLLM2 = shape_from_hf_config(
-    {
-        "model_type": "llama",
-        "vocab_size": 49152,
-        "hidden_size": 576,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "head_dim": 64,
-        "intermediate_size": 1536,
-    },
-    name="SmolLM2-135M",
 )
 
 
@@ -56,8 +43,8 @@ def test_generation_tp_runs_256_sequences_per_device_over_its_share_of_the_kv_he
 
 
 def test_a_larger_model_gets_the_cap():
-    # 2 * 30 * 3 * 64 * 4 = 46,080 bytes a token; 256 * 1024 tokens would be 11.25 GiB
-    size = cpu_kv_cache_bytes(RolloutSpec(), SMOLLM2, dtype_bytes=4, generation_tp=1, max_model_len=1024)
+    # Qwen2.5-7B: 2 * 28 * 4 * 128 * 4 = 114,688 bytes a token; (256 * 8 + 1) * 128 tokens would be 28 GiB
+    size = cpu_kv_cache_bytes(RolloutSpec(), PRESETS["qwen2.5-7b"], dtype_bytes=4, generation_tp=1, max_model_len=1024)
     assert size == CPU_KV_CACHE_CAP_BYTES == 1024 * MIB
 
 

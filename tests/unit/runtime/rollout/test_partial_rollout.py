@@ -13,12 +13,11 @@ from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, p
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.rollout.partial import (
+    CUT_POLICIES,
     PartialRollout,
     behaviour_logprobs,
     complete,
-    continuation_prompt,
     is_cut,
-    joined,
     response_columns,
 )
 from rldock.runtime.rollout.protocol import RolloutRequest, RolloutSetup
@@ -32,19 +31,19 @@ def test_a_response_is_cut_when_the_budget_stopped_it_before_eos():
 
 def test_the_second_round_feeds_the_prefix_back_or_the_prompt_alone():
     cut = completion([5, 6], -1.0)
-    assert continuation_prompt([9, 8], cut, mode="resume") == [9, 8, 5, 6]
-    assert continuation_prompt([9, 8], cut, mode="drop") == [9, 8]
+    assert CUT_POLICIES["resume"].continuation_prompt([9, 8], cut) == [9, 8, 5, 6]
+    assert CUT_POLICIES["drop"].continuation_prompt([9, 8], cut) == [9, 8]
 
 
 def test_a_resumed_response_keeps_its_prefix_and_both_versions_logprobs():
-    sample = joined(completion([5, 6], -1.0), completion([7, 8, 9], -2.0), mode="resume", max_tokens=4)
+    sample = CUT_POLICIES["resume"].joined(completion([5, 6], -1.0), completion([7, 8, 9], -2.0), max_tokens=4)
     assert sample.token_ids == [5, 6, 7, 8]  # truncated at the response limit
     assert sample.logprobs == [-1.0, -1.0, -2.0, -2.0]
     assert sample.prefix_length == 2
 
 
 def test_a_dropped_response_is_all_the_newer_versions():
-    sample = joined(completion([5, 6], -1.0), completion([7, EOS], -2.0), mode="drop", max_tokens=4)
+    sample = CUT_POLICIES["drop"].joined(completion([5, 6], -1.0), completion([7, EOS], -2.0), max_tokens=4)
     assert (sample.token_ids, sample.logprobs, sample.prefix_length) == ([7, EOS], [-2.0, -2.0], 2)
 
 
@@ -89,7 +88,7 @@ def run_rounds(mode: str, round_tokens: int | None):
         pad_token_id=PAD,
         num_prompts_per_iteration=2,
     )
-    partial = PartialRollout(setup, mode=mode)
+    partial = PartialRollout(setup, policy=CUT_POLICIES[mode])
     first = partial.generate(engine, dock, RolloutRequest(iteration=1, policy_version=0, round_tokens=round_tokens))
     first.metrics["puts"] = len(dock.puts)  # what the first round wrote
     engine.version = 1  # the weight update between the rounds

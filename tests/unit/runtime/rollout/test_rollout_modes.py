@@ -18,11 +18,13 @@ from rldock.config.job import JobConfig
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent import AgentRollout
+from rldock.runtime.rollout.agent_carry import METRIC_KEYS as CARRY_KEYS
 from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
 from rldock.runtime.rollout.episode_rounds import token_older_than
 from rldock.runtime.rollout.harness import HarnessRollout
-from rldock.runtime.rollout.modes import POLICIES, ROLLOUTS, SOURCES, build_rollout, rollout_pair
-from rldock.runtime.rollout.partial import PartialRollout
+from rldock.runtime.rollout.modes import POLICIES, ROLLOUTS, SOURCES, build_rollout, counters_of, rollout_pair
+from rldock.runtime.rollout.partial import CUT_POLICIES, PartialRollout
+from rldock.runtime.rollout.partial import METRIC_KEYS as PARTIAL_KEYS
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup, sampling_logprobs
 from rldock.runtime.rollout.streamed import StreamedRollout
@@ -106,6 +108,10 @@ def test_each_config_selects_its_source_and_round_policy(sections, pair, built):
     assert type(rollout) is built
     assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.spec.consumes) == (1, 12, COLUMNS)
     assert (rollout.setup.num_responses, rollout.setup.num_samples_per_iteration) == (N, G * N)
+    if isinstance(rollout, PartialRollout):  # the policy of a cut response is the config's
+        assert rollout.policy.name == pair[1]
+    counters = {"complete": (), "resume": PARTIAL_KEYS, "drop": PARTIAL_KEYS, "carry": CARRY_KEYS}[pair[1]]
+    assert counters_of(cfg) == counters
 
 
 @pytest.mark.parametrize(
@@ -268,7 +274,7 @@ def test_partial_rollout_keeps_the_older_versions_logprobs_for_the_prefix():
         },
         batch_size=[2],
     )
-    rollout = PartialRollout(setup(), mode="resume")
+    rollout = PartialRollout(setup(), policy=CUT_POLICIES["resume"])
     old = sampling_logprobs(computed, batch, rollout.older_tokens(batch, policy_version=2))
     assert old.tolist() == [[-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
     # the mismatch/ metrics leave the older version's tokens out (the workers' actor: `older_tokens`)

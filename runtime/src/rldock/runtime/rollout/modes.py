@@ -57,7 +57,7 @@ def _engine_complete(setup: RolloutSetup, inputs: RankInputs) -> RolloutMode:
 
 def _engine_partial(setup: RolloutSetup, inputs: RankInputs) -> RolloutMode:
     # its uncut groups are written when the rank's batch has ended: rollout.stream_groups is not read
-    return PartialRollout(setup, mode=inputs.cfg.rollout.partial_rollout)
+    return PartialRollout(setup, policy=partial.CUT_POLICIES[inputs.cfg.rollout.partial_rollout])
 
 
 def _agent_sampler(setup: RolloutSetup, inputs: RankInputs) -> AgentSampler:
@@ -141,12 +141,22 @@ def build_rollout(
     return ROLLOUTS[rollout_pair(cfg)](setup, inputs)
 
 
+def _carry_counters() -> tuple[str, ...]:
+    from rldock.runtime.rollout.agent_carry import METRIC_KEYS
+
+    return METRIC_KEYS
+
+
+# policy -> the counters it reports (the carry policy's module is imported when a job carries)
+POLICY_COUNTERS: dict[str, Callable[[], tuple[str, ...]]] = {
+    "complete": tuple,
+    "resume": lambda: partial.METRIC_KEYS,
+    "drop": lambda: partial.METRIC_KEYS,
+    "carry": _carry_counters,
+}
+
+
 def counters_of(cfg: JobConfig) -> tuple[str, ...]:
     """The counters the job's round policy reports in its results' metrics, each summed over ranks into
     `rollout/<key>` of the iteration's record (driver/records.py); none for `complete`."""
-    mode = cfg.rollout.partial_rollout
-    if mode == "carry":
-        from rldock.runtime.rollout.agent_carry import METRIC_KEYS
-
-        return METRIC_KEYS
-    return partial.METRIC_KEYS if mode != "off" else ()
+    return POLICY_COUNTERS[rollout_pair(cfg)[1]]()

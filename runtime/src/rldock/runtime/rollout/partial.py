@@ -1,6 +1,7 @@
 """Partial rollout (rollout.partial_rollout): a generation that runs ahead of a weight update is cut
 after rollout.max_tokens_per_round tokens, and its unfinished responses are completed after the
-update under the new weights, from their prefix (`resume`) or from the prompt again (`drop`).
+update under the new weights, from their prefix (`resume`) or from the prompt again (`drop`): a
+`CutPolicy` each (`Resume`, `Drop`), which `PartialRollout` asks.
 
 Where the cut falls: in async mode each actor rank runs, in its own process and in this order,
 iteration i+1's first round (cut at the budget), iteration i's update, then i+1's second round
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -85,25 +87,96 @@ def is_cut(completion: Completion, *, round_tokens: int) -> bool:
     return len(completion.token_ids) >= round_tokens and not completion.finished_with_eos
 
 
-def continuation_prompt(prompt: list[int], cut: Completion, *, mode: str) -> list[int]:
-    """What the engine is given in the second round: the prompt plus the kept prefix (`resume`),
-    or the prompt alone (`drop`)."""
-    if mode == "resume":
+class CutPolicy(ABC):
+    """What the second round makes of a cut response (rollout.partial_rollout): `Resume` continues it from its
+    prefix on the new weights, `Drop` samples it again from the prompt. `PartialRollout` asks its policy and
+    never branches on which one it holds."""
+
+    name: str
+    verb: str  # what the second round did to the cut responses, for the log
+
+    @abstractmethod
+    def continuation_prompt(self, prompt: list[int], cut: Completion) -> list[int]:
+        """What the engine is given in the second round for the cut response `cut` of `prompt`."""
+
+    @abstractmethod
+    def remaining(self, max_response_length: int, round_tokens: int) -> int:
+        """The second round's token limit after a first round cut at `round_tokens`."""
+
+    @abstractmethod
+    def joined(self, cut: Completion, continuation: Completion, *, max_tokens: int) -> Sampled:
+        """The complete response of `cut` after the second round's `continuation`, at most `max_tokens`
+        (sampling past the limit and truncating gives the same distribution as stopping at it)."""
+
+    @property
+    @abstractmethod
+    def rows_are_newer(self) -> bool:
+        """Whether a replaced response is the newer version's alone (written with its version) rather than
+        the older version's prefix and the newer's rest (written with the older one)."""
+
+    @abstractmethod
+    def counts(self, *, cut: int, older_tokens: int, newer_tokens: int) -> dict[str, int]:
+        """The second round's counters (METRIC_KEYS but `partial_cut`) for `cut` cut responses whose first
+        round sampled `older_tokens` and whose second `newer_tokens` (past the prefix)."""
+
+
+class Resume(CutPolicy):
+    name, verb = "resume", "resumed"
+
+    def continuation_prompt(self, prompt: list[int], cut: Completion) -> list[int]:
         return prompt + list(cut.token_ids)
-    assert mode == "drop", f"partial rollout mode {mode!r} has no second round (PartialRollout takes resume or drop)"
-    return list(prompt)
+
+    def remaining(self, max_response_length: int, round_tokens: int) -> int:
+        return max_response_length - round_tokens  # every cut prefix is the round budget long
+
+    def joined(self, cut: Completion, continuation: Completion, *, max_tokens: int) -> Sampled:
+        """Its prefix, then the second round's tokens; `prefix_length` counts the older version's."""
+        tokens = (list(cut.token_ids) + list(continuation.token_ids))[:max_tokens]
+        logprobs = (_logprobs_of(cut) + _logprobs_of(continuation))[:max_tokens]
+        return Sampled(tokens, logprobs, prefix_length=min(len(cut.token_ids), len(tokens)))
+
+    @property
+    def rows_are_newer(self) -> bool:
+        return False
+
+    def counts(self, *, cut: int, older_tokens: int, newer_tokens: int) -> dict[str, int]:
+        return {
+            "partial_resumed": cut,
+            "partial_dropped": 0,
+            "partial_carried_tokens": older_tokens,
+            "partial_newer_tokens": newer_tokens,
+            "partial_dropped_tokens": 0,
+        }
 
 
-def joined(cut: Completion, continuation: Completion, *, mode: str, max_tokens: int) -> Sampled:
-    """The complete response of a cut one: its prefix (kept in `resume` mode) then the second
-    round's tokens, at most `max_tokens` (sampling past the limit and truncating gives the same
-    distribution as stopping at it). `prefix_length` counts the tokens of the older version; a
-    dropped response is all the newer version's, so its prefix is all of it."""
-    if mode == "drop":
+class Drop(CutPolicy):
+    name, verb = "drop", "sampled again"
+
+    def continuation_prompt(self, prompt: list[int], cut: Completion) -> list[int]:
+        return list(prompt)
+
+    def remaining(self, max_response_length: int, round_tokens: int) -> int:
+        return max_response_length
+
+    def joined(self, cut: Completion, continuation: Completion, *, max_tokens: int) -> Sampled:
+        """The second round's response alone: all the newer version's, so its prefix is all of it."""
         return complete(continuation, max_tokens=max_tokens)
-    tokens = (list(cut.token_ids) + list(continuation.token_ids))[:max_tokens]
-    logprobs = (_logprobs_of(cut) + _logprobs_of(continuation))[:max_tokens]
-    return Sampled(tokens, logprobs, prefix_length=min(len(cut.token_ids), len(tokens)))
+
+    @property
+    def rows_are_newer(self) -> bool:
+        return True
+
+    def counts(self, *, cut: int, older_tokens: int, newer_tokens: int) -> dict[str, int]:
+        return {
+            "partial_resumed": 0,
+            "partial_dropped": cut,
+            "partial_carried_tokens": 0,
+            "partial_newer_tokens": 0,
+            "partial_dropped_tokens": older_tokens,
+        }
+
+
+CUT_POLICIES: dict[str, CutPolicy] = {policy.name: policy for policy in (Resume(), Drop())}
 
 
 def complete(completion: Completion, *, max_tokens: int) -> Sampled:
@@ -170,13 +243,12 @@ def older_than(
 
 
 class PartialRollout(RolloutMode):
-    """One actor rank's rollout with partial rollout on (`mode` resume or drop): the first round (cut
-    at the budget when a weight update follows) and the second (the cut groups' responses completed
+    """One actor rank's rollout with partial rollout on (`policy`: what becomes of a cut response): the first
+    round (cut at the budget when a weight update follows) and the second (the cut groups' responses completed
     after it)."""
 
-    def __init__(self, setup: RolloutSetup, *, mode: str):
-        assert mode in ("resume", "drop"), f"partial rollout {mode!r}: ROLLOUTS builds it for resume or drop"
-        self.setup, self.mode = setup, mode
+    def __init__(self, setup: RolloutSetup, *, policy: CutPolicy):
+        self.setup, self.policy = setup, policy
         self.group = setup.num_responses
         self.max_response_length = setup.max_response_length
         self._cut: dict[int, list[CutGroup]] = {}  # iteration -> its groups waiting for the second round
@@ -228,9 +300,9 @@ class PartialRollout(RolloutMode):
         groups = self._cut.pop(iteration, [])
         started = time.perf_counter()
         cut = [(g, j) for g in range(len(groups)) for j in groups[g].cut_positions()]
-        prompts = [continuation_prompt(groups[g].prompt, groups[g].responses[j], mode=self.mode) for g, j in cut]
-        # Every cut prefix is the round budget long, so one limit fits every resumed request.
-        remaining = self.max_response_length - (groups[0].round_tokens if self.mode == "resume" and groups else 0)
+        policy = self.policy
+        prompts = [policy.continuation_prompt(groups[g].prompt, groups[g].responses[j]) for g, j in cut]
+        remaining = policy.remaining(self.max_response_length, groups[0].round_tokens) if groups else 0
         continued = (
             engine.sample(
                 prompts,
@@ -245,19 +317,19 @@ class PartialRollout(RolloutMode):
             else []
         )
         replaced = {
-            (g, j): joined(groups[g].responses[j], more[0], mode=self.mode, max_tokens=self.max_response_length)
+            (g, j): policy.joined(groups[g].responses[j], more[0], max_tokens=self.max_response_length)
             for (g, j), more in zip(cut, continued)
         }
         compute_s = time.perf_counter() - started
         lengths: list[int] = []
         written = time.perf_counter()
         for g, group in enumerate(groups):
-            # Rows sampled whole by the first round's weights, and (drop) the rows sampled again by the
-            # newer ones, are written with their own version; resumed rows with the older one.
+            # Rows sampled whole by the first round's weights, and rows sampled again whole by the newer ones
+            # (`rows_are_newer`), are written with their own version; resumed rows with the older one.
             by_version: dict[int, tuple[list[int], list[Sampled]]] = {}
             for j, completion in enumerate(group.responses):
                 sample = replaced.get((g, j)) or complete(completion, max_tokens=self.max_response_length)
-                newer = self.mode == "drop" and (g, j) in replaced
+                newer = policy.rows_are_newer and (g, j) in replaced
                 rows, samples = by_version.setdefault(policy_version if newer else group.policy_version, ([], []))
                 rows.append(group.rows[j])
                 samples.append(sample)
@@ -269,7 +341,7 @@ class PartialRollout(RolloutMode):
             "iteration %d: %d cut responses %s (%d tokens of the older version)",
             iteration,
             len(cut),
-            "resumed" if self.mode == "resume" else "sampled again",
+            policy.verb,
             carried,
         )
         return StageResult(
@@ -278,13 +350,11 @@ class PartialRollout(RolloutMode):
             num_samples=len(groups) * self.group,
             metrics={
                 "decode_steps": decode_steps(lengths),
-                "partial_resumed": len(cut) if self.mode == "resume" else 0,
-                "partial_dropped": len(cut) if self.mode == "drop" else 0,
-                "partial_carried_tokens": carried if self.mode == "resume" else 0,
-                "partial_newer_tokens": (
-                    sum(len(s.token_ids) - s.prefix_length for s in replaced.values()) if self.mode == "resume" else 0
+                **policy.counts(
+                    cut=len(cut),
+                    older_tokens=carried,
+                    newer_tokens=sum(len(s.token_ids) - s.prefix_length for s in replaced.values()),
                 ),
-                "partial_dropped_tokens": carried if self.mode == "drop" else 0,
             },
         )
 
