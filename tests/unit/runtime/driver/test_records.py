@@ -197,3 +197,16 @@ def test_the_progress_plot_is_drawn_again_only_when_records_came(tmp_path, saved
     log.append({"iteration": 3, **base})
     log.draw()
     assert len(saved) == 2
+
+
+def test_a_drawing_that_fails_is_logged_and_the_records_still_returned(tmp_path, monkeypatch, caplog):
+    import rldock.runtime.driver.records as records_module
+
+    def broken(records, path):
+        raise ValueError("no font")
+
+    monkeypatch.setattr(records_module, "plot_progress", broken)
+    log = MetricsLog(tmp_path)
+    log.append({"iteration": 1, "reward_mean": 0.5, "tokens_per_s_per_device": 10.0})
+    assert [r["iteration"] for r in log.draw()] == [1]
+    assert "not drawn from 1 records" in caplog.text and "no font" in caplog.text

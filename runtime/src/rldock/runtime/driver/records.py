@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from rldock.runtime.flow.states import (
     ROLLOUT_RESUME,
 )
 from rldock.runtime.rewards import merge_reward_metrics
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
@@ -219,10 +222,15 @@ class MetricsLog:
         """progress.png of the records (returned), unless no record came since the last drawing (the end of a
         run just after its last checkpoint). The trainer draws at each checkpoint in its bookkeeping thread, off
         the loop (a drawing takes about 0.16 s of CPU, the first 0.5 s with matplotlib's import, where the demo's
-        iteration takes 0.1 s), and at the end of the run."""
+        iteration takes 0.1 s), and at the end of the run. A drawing that fails is logged, not raised: the
+        picture is the records' view, and a checkpoint's must not fail the iterations after it."""
         records = self.read()
         if len(records) != self._drawn:
-            plot_progress(records, self.plot_path)
+            try:
+                plot_progress(records, self.plot_path)
+            except Exception:
+                logger.exception("%s not drawn from %d records", self.plot_path, len(records))
+                return records
             self._drawn = len(records)
         return records
 
