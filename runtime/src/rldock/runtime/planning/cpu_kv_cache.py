@@ -12,9 +12,9 @@ gets the cap, and vLLM then runs fewer sequences at once, as it did. The demo's 
 from __future__ import annotations
 
 from rldock.config.rollout import RolloutSpec
+from rldock.runtime.planning.dtypes import GIB
 from rldock.runtime.planning.shapes import ModelShape
 
-GIB = 1024**3
 CPU_KV_CACHE_CAP_BYTES = GIB
 CPU_CONCURRENT_SEQUENCES = 256  # vLLM 0.32's max_num_seqs for the LLM class on a CPU, per device of its TP
 CPU_BLOCK_TOKENS = 128  # vLLM 0.32's KV block on a CPU (16 for its portable latent-attention kernel: fewer)
