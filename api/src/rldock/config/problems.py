@@ -14,7 +14,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rldock.config import agent, algorithm, data, dock, evaluation, reward, rollout, rollout_correction, training
+from rldock.config import (
+    agent,
+    algorithm,
+    data,
+    dock,
+    evaluation,
+    reward,
+    rollout,
+    rollout_correction,
+    rollout_pool,
+    training,
+)
 from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
@@ -33,6 +44,7 @@ SECTION_CHECKS = (
     reward.problems,
     rollout.problems,
     rollout_correction.problems,
+    rollout_pool.problems,
     training.problems,
 )
 

@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field
 
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
+from rldock.config.rollout_pool import RolloutPoolSpec
 from rldock.config.section import Spec, bare_off
 from rldock.contract.algorithms import needs_rollout
 
@@ -133,6 +134,11 @@ class RolloutSpec(Spec):
         le=100,
         description="`decoupled` importance correction: the largest importance weight pi_start / pi_sampled of a "
         "token (truncated importance sampling).",
+    )
+    pool: RolloutPoolSpec | None = Field(
+        default=None,
+        description="A rollout pool: generation engines on devices of their own beside the actor ranks' "
+        "(docs/placement.md#the-rollout-pool). Unset: the actor ranks' engines generate alone.",
     )
 
 

@@ -399,6 +399,24 @@ def test_recycled_groups_start_over_in_every_state_and_the_kept_ones_stay(dock: 
         dock.recycle(torch.tensor([0, 1]))
 
 
+def test_a_dead_consumers_unfinished_groups_go_to_the_others_and_its_finished_ones_stay(dock: TransferDock) -> None:
+    """A rollout pool engine's death: rank 7 took groups 0 and 1 of `update` and wrote its output
+    (`half_logprobs`, which `bf16` reads) for group 0 only. Handing rank 7 back returns group 1 alone to the
+    state's other consumers; group 0 stays done. A rank that took nothing hands back nothing."""
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    taken, _ = dock.get("update", list(COLUMNS), batch_size=8, whole_groups=True, rank=7)
+    assert taken.tolist() == list(range(8))
+    dock.put(torch.arange(4), TensorDict({"half_logprobs": torch.zeros(4, SL, dtype=torch.bfloat16)}, batch_size=[4]))
+    assert dock.hand_back("update", 7, outputs=["half_logprobs"]) == 4
+    assert dock.hand_back("update", 3, outputs=["half_logprobs"]) == 0
+    again, _ = dock.get("update", list(COLUMNS), batch_size=8, whole_groups=True, rank=2)
+    assert again.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]  # group 1 first (the lowest), then one not taken before
+    # No state reads `unread_column`: nothing shows what rank 2 finished, so all it took goes back.
+    assert dock.hand_back("update", 2, outputs=["unread_column"]) == 8
+    with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
+        dock.hand_back("rollout", 2, outputs=["half_logprobs"])
+
+
 def test_caller_errors(dock: TransferDock) -> None:
     with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
         dock.get("rollout", ["prompt_ids"], batch_size=1)

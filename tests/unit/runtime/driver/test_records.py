@@ -5,10 +5,12 @@ import json
 
 import pytest
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.records import (
     MetricsLog,
     dock_traffic,
     plot_progress,
+    pool_metrics,
     tokens_per_s_per_device,
 )
 
@@ -210,3 +212,22 @@ def test_a_drawing_that_fails_is_logged_and_the_records_still_returned(tmp_path,
     log.append({"iteration": 1, "reward_mean": 0.5, "tokens_per_s_per_device": 10.0})
     assert [r["iteration"] for r in log.draw()] == [1]
     assert "not drawn from 1 records" in caplog.text and "no font" in caplog.text
+
+
+def test_the_pools_metrics_count_each_engines_samples_and_its_last_load():
+    """Two results of engine 1 (its own call and one that replaced dead engine 0's), one of engine 2, an actor
+    rank's engine beside them (no `pool_engine`): samples by engine, the slowest load, rank 0's copy."""
+    rollouts = [
+        StageResult(num_samples=4, metrics={"pool_engine": 1, "pool_weights_load_s": 0.25, "pool_publish_copy_s": 0.5}),
+        StageResult(num_samples=2, metrics={"pool_engine": 1}),
+        StageResult(num_samples=8, metrics={"pool_engine": 2, "pool_weights_load_s": 0.75, "pool_publish_copy_s": 0.5}),
+        StageResult(num_samples=16, metrics={}),
+    ]
+    assert pool_metrics(rollouts) == {
+        "rollout/pool_samples": 14,
+        "rollout/pool_engine_samples": {"engine1": 6, "engine2": 8},
+        "rollout/pool_weights_load_s": 0.75,
+        "rollout/pool_publish_copy_s": 0.5,
+    }
+    assert pool_metrics(rollouts[1:2]) == {"rollout/pool_samples": 2, "rollout/pool_engine_samples": {"engine1": 2}}
+    assert pool_metrics(rollouts[3:]) == {}  # no pool

@@ -340,6 +340,14 @@ class TransferDock:
         if index_array.size:
             self._route.recycle(index_array)
 
+    def hand_back(self, state: str, rank: int, *, outputs: Sequence[str]) -> int:
+        """What consumer `rank` of `state` took and did not finish (its `outputs` columns not all written)
+        goes back to `state`'s other consumers; returns how many samples. For a consumer that died
+        holding samples (a rollout pool's engine: rldock.runtime.driver.rollout_pool)."""
+        if state not in self._state_columns:
+            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
+        return len(self._route.hand_back(state, rank, outputs))
+
     def set_policy_version(self, version: int, *, timeout_s: float | None = None) -> None:
         """The policy now training is `version` (weight updates so far): apply the staleness bound.
 

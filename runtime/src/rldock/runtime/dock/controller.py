@@ -295,6 +295,25 @@ class Controller:
         self._rebuild()
         self._serve()
 
+    async def hand_back(self, rank: int, unwritten: np.ndarray) -> np.ndarray:
+        """Samples `rank` took whose outputs were not written (`unwritten`, a (num_samples,) bool) go back
+        untaken: `rank` died holding them, and another consumer takes them. Returns their indices."""
+        # A request of the dead rank still waiting would take samples nobody reads: it goes first.
+        for waiter in [w for w in self._waiters if w.rank == rank]:
+            self._waiters.remove(waiter)
+            waiter.future.cancel()
+        back = np.flatnonzero((self._consumer == rank) & unwritten)
+        if back.size:
+            self._consumer[back] = UNTAKEN
+            self._rebuild()
+            self._serve()
+        return back
+
+    def written(self, column: str) -> np.ndarray | None:
+        """(num_samples,) bool: which samples' `column` was marked ready; None when this state does not read it."""
+        position = self._column_pos.get(column)
+        return None if position is None else self._ready[:, position].copy()
+
     async def snapshot(self) -> dict[str, Any]:
         """This iteration's metadata (readiness, hand-out, token counts), for a dock checkpoint."""
         return {
@@ -545,6 +564,7 @@ class ControllerHub:
         unknown = sorted(set(bounded_states) - set(states))
         if unknown:
             raise ValueError(f"staleness bound for unknown dock states {unknown}; states: {sorted(states)}")
+        self._num_samples = layout.num_samples
         self._controllers = {
             state: Controller(
                 state=state,
@@ -594,6 +614,20 @@ class ControllerHub:
     async def recycle(self, indices: np.ndarray) -> None:
         for controller in self._controllers.values():
             await controller.recycle(indices)
+
+    async def hand_back(self, state: str, rank: int, outputs: Sequence[str]) -> np.ndarray:
+        """What `rank` took of `state` and did not finish goes back to `state`'s other consumers: the
+        samples whose `outputs` columns are not all marked ready in the states that read them (all it
+        took when no state reads any of them). A consumer that died holding samples (a rollout pool's
+        engine) costs its unfinished work, not the iteration. Returns the samples handed back."""
+        unwritten: np.ndarray | None = None
+        for column in outputs:
+            readers = [ready for c in self._controllers.values() if (ready := c.written(column)) is not None]
+            if readers:
+                unwritten = ~readers[0] if unwritten is None else unwritten | ~readers[0]
+        if unwritten is None:  # nothing shows what it finished
+            unwritten = np.ones(self._num_samples, dtype=bool)
+        return await self._controller(state).hand_back(rank, unwritten)
 
     async def snapshot(self) -> dict[str, dict[str, Any]]:
         return {state: await c.snapshot() for state, c in self._controllers.items()}

@@ -343,6 +343,10 @@ class DistributedRoute:
         )
         self._on_host("recycle", indices)
 
+    def hand_back(self, state: str, rank: int, outputs: Sequence[str]) -> np.ndarray:
+        """Metadata only (ControllerHub.hand_back): the rows stay where they are until written again."""
+        return self._on_host("hand_back", state, rank, list(outputs))
+
     def advance_policy(self, version: int, timeout_s: float) -> None:
         self._on_host("advance_policy", version, timeout_s, timeout=timeout_s + rpc.RPC_GRACE_S)
 

@@ -50,6 +50,7 @@ CALLS = frozenset(
         "write_and_request",
         "reset",
         "recycle",
+        "hand_back",
         "advance_policy",
         "snapshot",
         "restore",

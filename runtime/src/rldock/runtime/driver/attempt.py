@@ -31,12 +31,15 @@ from rldock.runtime.checkpoint import RANK_STATES_FILE, Checkpoint
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.inputs import JobInputs
+from rldock.runtime.driver.rollout_pool import RolloutPool
 from rldock.runtime.driver.schedule import num_banks
 from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.flow.columns import TOKEN_COLUMNS
 from rldock.runtime.flow.states import (
     ACTOR,
     REFERENCE,
+    ROLLOUT,
+    UPDATE,
     CheckpointState,
     StageCall,
     WorkerContext,
@@ -66,6 +69,7 @@ class WorkerGroups:
     ranks: dict[str, list]  # group name -> its Ray actors by rank
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
     turns: ActorHandle | None = None  # the TurnKeeper of a serial phase schedule (runtime/workers/phase_keeper.py)
+    pool: RolloutPool | None = None  # rollout.pool's engines, which generate beside the engine ranks (rollout_pool.py)
 
     @property
     def actors(self) -> list:
@@ -83,13 +87,27 @@ class WorkerGroups:
     def runners(self, spec: WorkerState) -> list:
         """The Ray actors that run `spec`'s state: every rank of its group, or the engine ranks."""
         assert spec.group is not None  # a state without a group runs on the driver, not on runners
+        if spec.runs_on == "pool":
+            return []  # the rollout pool's engines, which `launch` adds
         handles = self.ranks[spec.group.name]
         return handles[:: self.generation_tp] if spec.runs_on == "engines" else handles
 
     def launch(self, call: StageCall, specs: Sequence[WorkerState]) -> dict[str, list]:
         """Start each state of `specs` (in that order): its spec's method with `call` on every
         runner; state -> the futures of its ranks."""
-        return {spec.name: [getattr(h, spec.method).remote(call) for h in self.runners(spec)] for spec in specs}
+        launched = {}
+        for spec in specs:
+            launched[spec.name] = [getattr(h, spec.method).remote(call) for h in self.runners(spec)]
+            if self.pool is not None and spec.name == ROLLOUT.name:
+                launched[spec.name] += self.pool.launch_rollout(call)
+            elif self.pool is not None and spec.name == UPDATE.name:
+                self.pool.update_launched()
+        return launched
+
+    def recover(self, ref, error: Exception):
+        """The future of a call that replaces the one behind `ref`, whose worker died, or None when that
+        death fails the attempt (only a rollout pool's engine is replaced: RolloutPool.recover)."""
+        return None if self.pool is None else self.pool.recover(ref, error)
 
     def skip_turns(self, iteration: int, states: list[str]) -> None:
         """A resumed iteration's finished stages give up their turns (serial phase schedule)."""
@@ -102,12 +120,13 @@ class WorkerGroups:
 
     def all(self) -> list:
         """The job's worker processes (Ray actors), each once: a device worker holds several ranks."""
-        return distinct_processes([handle for handles in self.ranks.values() for handle in handles])
+        pool = [] if self.pool is None else self.pool.processes()
+        return [*distinct_processes([handle for handles in self.ranks.values() for handle in handles]), *pool]
 
     def kill(self) -> None:
         """Kill every worker process and the turn keeper, and return once they have ended."""
         cluster.end_actors([*self.all(), *([self.turns] if self.turns is not None else [])])
-        self.ranks, self.turns = {}, None
+        self.ranks, self.turns, self.pool = {}, None, None
 
 
 class Attempt:
@@ -215,6 +234,8 @@ class Attempt:
             plan.engine_devices(groups.generation_tp),
             groups.generation_tp,
         )
+        # The pool's engines start while the trainer's ranks form their groups (they need none).
+        pool = RolloutPool(cfg, context, num_actor_ranks=len(actors), publisher=actors[0]) if cfg.rollout.pool else None
         # Each engine rank sees its replica's devices before its engine starts (replica_devices).
         engine_envs = engine_environments(
             ray.get([a.device_seat.remote() for a in actors]), generation_tp=groups.generation_tp
@@ -230,6 +251,9 @@ class Attempt:
                     ]
                 )
         groups.turns = hand_out_turns(cfg, plan, self.inputs.recipe, groups)  # fresh with every new set of workers
+        if pool is not None:
+            pool.wait_up()
+            groups.pool = pool
         return groups
 
     def _checkpointed(self) -> list[tuple[WorkerGroup, CheckpointState]]:

@@ -119,6 +119,7 @@ def iteration_record(
         **reference_metrics(results.get(REFERENCE_INFERENCE.name, [])),
         # one rollout result per engine (DAPO's rounds are merged per worker)
         **({"rollout/num_engines": len(results[ROLLOUT.name])} if results.get(ROLLOUT.name) else {}),
+        **pool_metrics(results.get(ROLLOUT.name, [])),
         **per_rank_metrics(updates),
         **round_metrics,
         **{f"rollout/{key}": sum(int(r.metrics.get(key, 0)) for r in rollouts) for key in rollout_counters},
@@ -166,6 +167,33 @@ def stage_timing(
 PER_RANK_KEYS = ("ledger", "resharding")
 # What a stage's passes computed (engines/policy.PassTally): summed into `flops/<stage>`, not averaged.
 COMPUTED_KEY = "computed"
+
+
+def pool_metrics(rollouts: Sequence[StageResult]) -> dict:
+    """The rollout pool's part of the iteration (rollout.pool; none without one): `rollout/pool_samples` per
+    engine that generated (`engine{i}`, by the pool's numbering, a replacement's after the others') and in all,
+    and the last weight load's seconds (`rollout/pool_weights_load_s`, the most of any engine; the host copy
+    actor rank 0 made of the version, `rollout/pool_publish_copy_s`) in an iteration whose engines loaded one."""
+    pooled = [r for r in rollouts if "pool_engine" in r.metrics]
+    if not pooled:
+        return {}
+    per_engine: dict[str, int] = {}
+    for result in pooled:
+        key = f"engine{result.metrics['pool_engine']}"
+        per_engine[key] = per_engine.get(key, 0) + result.num_samples
+    loads = [r.metrics for r in pooled if "pool_weights_load_s" in r.metrics]
+    return {
+        "rollout/pool_samples": sum(per_engine.values()),
+        "rollout/pool_engine_samples": per_engine,
+        **(
+            {
+                "rollout/pool_weights_load_s": max(m["pool_weights_load_s"] for m in loads),
+                "rollout/pool_publish_copy_s": loads[0]["pool_publish_copy_s"],
+            }
+            if loads
+            else {}
+        ),
+    }
 
 
 def update_metrics(updates: Sequence[StageResult]) -> dict:

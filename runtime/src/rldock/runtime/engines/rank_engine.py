@@ -6,13 +6,17 @@ replica's share of the prompts, its other ranks hold none and lend their devices
 worker owns one `RankEngine` and hands it the model it trains: the engine starts from the policy's
 files and, after each update, loads the weights the training backend exports (`push`); a rank
 without an engine still draws them (under FSDP each tensor is gathered from every rank as drawn).
+With a rollout pool (rollout.pool) actor rank 0 also keeps a host copy of what it pushes, which the
+driver hands to the pool's engines (`take_published`; driver/rollout_pool.py).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -30,6 +34,18 @@ Weights = Iterable[tuple[str, torch.Tensor]]
 # The training backend's hook (TrainingBackend.attach_engine): where exported weights go, and what
 # the engine reloads after a level-2 sleep.
 Attach = Callable[[VllmRolloutEngine, Callable[[], Weights]], None]
+
+
+def engine_batch_size(cfg: JobConfig, *, num_actor_ranks: int) -> int:
+    """Samples one engine asks the dock for at a time. Without a rollout pool, its generation replica's share
+    of the iteration (one request per engine). With one, the iteration over every engine, the actor ranks' and
+    the pool's, in whole groups (at least one): an engine that is free asks again while groups are left."""
+    tp = cfg.rollout.tensor_parallel_size
+    if cfg.rollout.pool is None:
+        return cfg.num_samples_per_iteration // num_actor_ranks * tp
+    replicas = num_actor_ranks // tp if cfg.rollout.pool.actors_generate else 0
+    group = cfg.rows_per_group
+    return max(cfg.num_samples_per_iteration // (replicas + cfg.rollout.pool.replicas) // group, 1) * group
 
 
 class RankEngine:
@@ -52,9 +68,12 @@ class RankEngine:
             world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
         )
         self.holds_engine = needed and self.layout.tp_rank(rank) == 0
+        # Rank 0 publishes each version to the rollout pool's engines (a generation TP of 1 there: rollout_pool.py).
+        self.publishes = needed and rank == 0 and cfg.rollout.pool is not None
+        self.published: PublishedWeights | None = None
         self.engine: VllmRolloutEngine | None = None  # started by `start` on a replica's first rank
-        # The samples one replica generates per iteration: the share of its ranks.
-        self.replica_samples = cfg.num_samples_per_iteration // world_size * self.layout.tp_size
+        # The samples the replica's engine asks the dock for at a time.
+        self.replica_samples = engine_batch_size(cfg, num_actor_ranks=world_size)
 
     def start(self, engine_env: Mapping[str, str] | None, *, attach: Attach) -> None:
         """Start the engine on a replica's first rank, after the trainers' process group exists (an
@@ -85,7 +104,7 @@ class RankEngine:
             )
         attach(self.engine, self.weights)
         if has_adapters(self.model):  # the engine started from the base; the policy has adapters
-            self.engine.update_weights(self.weights())
+            self.push(self.weights())  # (kept for a rollout pool's engines, which started from the base too)
 
     def held(self) -> VllmRolloutEngine:
         """This rank's engine; only the first rank of a generation replica holds one."""
@@ -114,12 +133,43 @@ class RankEngine:
     def push(self, named_tensors: Weights) -> None:
         """The new weights into this rank's engine; a rank without one (a generation TP peer) has
         nothing to load, its replica's first rank pushes the same full weights. It still runs the
-        iterator to the end: under FSDP each tensor is gathered from every rank as it is drawn."""
+        iterator to the end: under FSDP each tensor is gathered from every rank as it is drawn.
+        A publishing rank keeps a host copy of each tensor as it goes by (`take_published`)."""
+        if self.publishes:
+            named_tensors = self._kept(named_tensors)
         if self.engine is not None:
             self.engine.update_weights(named_tensors)
             return
         for _ in named_tensors:
             pass
+
+    def _kept(self, named_tensors: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+        """`named_tensors` as they are, each copied to the host on the way into `published`."""
+        kept, copy_s = {}, 0.0
+        for name, tensor in named_tensors:
+            started = time.perf_counter()
+            kept[name] = tensor.detach().to("cpu", copy=True)
+            copy_s += time.perf_counter() - started
+            yield name, tensor
+        self.published = PublishedWeights(version=-1, weights=kept, copy_s=copy_s)
+
+    def take_published(self, version: int) -> PublishedWeights | None:
+        """What the last push kept, as policy `version`, for the pool's engines (None on a rank that does not
+        publish); the copy is the caller's from then on."""
+        published, self.published = self.published, None
+        if published is None:
+            return None
+        return PublishedWeights(version=version, weights=published.weights, copy_s=published.copy_s)
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """A policy version as the rollout pool's engines load it: the full weights by Hugging Face name, on the host,
+    and the seconds actor rank 0 spent copying them there."""
+
+    version: int
+    weights: dict[str, torch.Tensor]
+    copy_s: float
 
 
 @contextmanager

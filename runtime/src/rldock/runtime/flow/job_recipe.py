@@ -108,7 +108,15 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_engine_logprobs(recipe)
         if cfg.algorithm.rollout_correction is not None:
             recipe = with_importance_weight(recipe)
+    if cfg.rollout.pool is not None and not cfg.rollout.pool.actors_generate:
+        recipe = with_rollout_on_pool(recipe)
     return recipe
+
+
+def with_rollout_on_pool(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout the rollout pool's engines run alone (rollout.pool.actors_generate false): no
+    actor rank generates, so no device's phase schedule has a rollout turn."""
+    return _with_specs(recipe, lambda spec: replace(spec, runs_on="pool") if spec.name == ROLLOUT.name else spec)
 
 
 def with_engine_logprobs(recipe: Recipe) -> Recipe:

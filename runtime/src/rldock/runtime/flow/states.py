@@ -134,8 +134,9 @@ class WorkerState:
     consumes: tuple[str, ...]
     produces: tuple[str, ...] = ()
     trains: bool = False  # an update: launched after the other states, and last in the phase order
-    # "ranks": every rank of the group; "engines": each generation replica's first actor rank
-    runs_on: Literal["ranks", "engines"] = "ranks"
+    # "ranks": every rank of the group; "engines": each generation replica's first actor rank; "pool": the
+    # rollout pool's engines alone (rollout.pool.actors_generate false), which are no rank of a group
+    runs_on: Literal["ranks", "engines", "pool"] = "ranks"
 
 
 @dataclass(frozen=True)
@@ -344,7 +345,7 @@ def runner_names(plan: PlacementPlan, state: WorkerState, *, generation_tp: int 
     """The names (as PlacementPlan.workers_on gives them) of the device workers that run `state`:
     every rank of its group, or each generation replica's first actor rank; () where its workers
     hold no device or no worker runs it."""
-    if state.group is None:
+    if state.group is None or state.runs_on == "pool":
         return ()
     names = tuple(f"{state.group.name} {rank}" for rank in range(len(plan.group(state.group.name))))
     return names[::generation_tp] if state.runs_on == "engines" else names

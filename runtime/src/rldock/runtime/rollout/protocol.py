@@ -32,6 +32,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT, PARTIAL_ROLLOUT
+from rldock.runtime.flow.states import StageCall
 
 SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 
@@ -107,6 +108,17 @@ class RolloutRequest:
     sampling_round: int = 0
     round_tokens: int | None = None
     ahead: TensorDict | None = None
+
+
+def request_of(call: StageCall, *, policy_version: int) -> RolloutRequest:
+    """The rollout request of a stage `call` on an engine holding the weights of `policy_version`."""
+    return RolloutRequest(
+        iteration=call.iteration,
+        policy_version=policy_version,
+        sampling_round=call.sampling_round,
+        round_tokens=call.round_tokens,
+        ahead=call.ahead,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,7 @@ from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.engines.process_group import Rendezvous
-from rldock.runtime.engines.rank_engine import RankEngine
+from rldock.runtime.engines.rank_engine import PublishedWeights, RankEngine
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
 from rldock.runtime.flow.columns import PARTIAL_ROLLOUT, ROUTED_EXPERTS
 from rldock.runtime.flow.job_recipe import measures_mismatch
@@ -58,7 +58,7 @@ from rldock.runtime.models.lora import adapters_off, add_lora, has_adapters
 from rldock.runtime.models.routing_replay import recording_routes
 from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.modes import build_rollout
-from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, RolloutRequest, sampling_logprobs
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, request_of, sampling_logprobs
 from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.group import TrainingGroup
@@ -190,13 +190,7 @@ class ActorWorker(TakesTurns):
         them in `finish_rollout`."""
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
-        request = RolloutRequest(
-            iteration=call.iteration,
-            policy_version=self.policy_version,
-            sampling_round=call.sampling_round,
-            round_tokens=call.round_tokens,
-            ahead=call.ahead,
-        )
+        request = request_of(call, policy_version=self.policy_version)
         with self.generation.lent() as engine:
             return self.rollout.generate(engine, self.banks.bank(call.iteration), request)
 
@@ -311,6 +305,15 @@ class ActorWorker(TakesTurns):
         return timing.with_metrics(
             **summary, **exported, **staleness_metrics(staleness), computed=self._computed(tally)
         )
+
+    def published_weights(self) -> PublishedWeights:
+        """The policy version the last update pushed, as the rollout pool's engines load it (rank 0 of a job
+        with rollout.pool). The driver queues this call after that update and hands its answer to the pool's
+        engines through Ray's object store, not through the driver (driver/rollout_pool.py)."""
+        published = self.generation.take_published(self.policy_version)
+        if published is None:
+            raise RuntimeError(f"actor rank {self.rank} has no weights an update pushed since it last published")
+        return published
 
     @in_turn(PREFERENCE_UPDATE)
     def preference_update(self, call: StageCall) -> StageResult:

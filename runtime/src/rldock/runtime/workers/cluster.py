@@ -21,6 +21,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rldock.config import JobConfig
+from rldock.config.rollout_pool import pool_devices
 from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
 from rldock.runtime.agent.service.local import token_variables
 from rldock.runtime.dock.shared_columns import process_runs
@@ -71,7 +72,8 @@ def connect(cfg: JobConfig) -> None:
     ray.init(
         address="local",
         num_cpus=_LOCAL_LOGICAL_CPUS,
-        **device_request(resources.accelerator_resource, resources.num_nodes * resources.devices_per_node),
+        # the trainer's devices and the rollout pool's, which are apart from them
+        **device_request(resources.accelerator_resource, cfg.num_devices + pool_devices(cfg)),
         include_dashboard=False,
         runtime_env=runtime_env,
         logging_level=logging.WARNING,
@@ -79,7 +81,9 @@ def connect(cfg: JobConfig) -> None:
         # workers of their own, so these two only cost ~1 s of CPU each (rldock_benchmarks.startup).
         _system_config={"prestart_worker_first_driver": False},
     )
-    logger.info("started a local Ray with %d %s devices", cfg.num_devices, resources.accelerator_resource)
+    logger.info(
+        "started a local Ray with %d %s devices", cfg.num_devices + pool_devices(cfg), resources.accelerator_resource
+    )
 
 
 def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
@@ -186,6 +190,17 @@ def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: S
             placement_group=group, placement_group_bundle_index=bundle
         ),
     )
+
+
+def on_a_device_of_its_own(cls, *, accelerator: str):
+    """`cls` as a Ray actor holding one device outside the job's placement group (a rollout pool's engine:
+    the pool grows and shrinks apart from the trainer's devices), with its logical CPU."""
+    return ray.remote(timed(cls)).options(num_cpus=CPUS_PER_WORKER, **device_request(accelerator, 1), max_restarts=0)
+
+
+def free_devices(accelerator: str) -> float:
+    """Devices of `accelerator` no actor or placement group of the cluster holds now."""
+    return ray.available_resources().get(accelerator, 0.0)
 
 
 def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):

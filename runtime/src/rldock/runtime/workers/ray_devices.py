@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rldock.config import JobConfig, Problem
+from rldock.config.rollout_pool import pool_devices
 
 RAY_GPU = "GPU"  # Ray's built-in GPU resource
 
@@ -47,11 +48,13 @@ def local_device_problems(cfg: JobConfig, environ: Mapping[str, str] = os.enviro
                 "side runs on the CPU), or run where GPUs are visible",
             )
         ]
-    if resources.accelerator_resource == RAY_GPU and visible < cfg.num_devices:
+    wanted = cfg.num_devices + pool_devices(cfg)
+    if resources.accelerator_resource == RAY_GPU and visible < wanted:
         return [
             Problem(
                 "resources.devices_per_node",
-                f"{cfg.num_devices} GPUs (resources.num_nodes x resources.devices_per_node) asked of a local Ray, "
+                f"{wanted} GPUs (resources.num_nodes x resources.devices_per_node, and rollout.pool.replicas) asked "
+                "of a local Ray, "
                 f"and this machine shows {visible}; set resources.num_nodes to 1 and resources.devices_per_node "
                 f"to {visible} or fewer (with training.data_parallel_size to fit)",
             )

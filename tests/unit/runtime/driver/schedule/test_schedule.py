@@ -78,6 +78,9 @@ class WorkersDouble:
     def skip_turns(self, iteration: int, states: list[str]) -> None:
         pass
 
+    def recover(self, ref, error: Exception) -> None:
+        return None  # no worker of these doubles is replaced
+
 
 class FeedDouble:
     """The job's feed (feed.Feed): logs each draw; its position is the log's length."""
@@ -210,6 +213,9 @@ class RoundWorkersDouble:
 
     def __init__(self, bank, scores: list[list[float]]) -> None:
         self.bank, self.scores = bank, iter(scores)
+
+    def recover(self, ref, error: Exception) -> None:
+        return None  # no worker of these doubles is replaced
 
     def launch(self, call: StageCall, specs) -> dict[str, list]:
         states = tuple(spec.name for spec in specs)

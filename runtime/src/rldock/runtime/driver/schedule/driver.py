@@ -35,6 +35,10 @@ class StageWorkers(Protocol):
         """A resumed iteration's finished stages give up their turns (serial phase schedule)."""
         ...
 
+    def recover(self, ref, error: Exception):
+        """The future of a call replacing the one behind `ref`, whose worker died; None: the death fails the attempt."""
+        ...
+
 
 class Prompts(Protocol):
     """The job's feed (feed.Feed): the next prompts' batch and the sampler's position."""

@@ -42,7 +42,8 @@ def fill_by_rounds(
             bank.recycle(rows)
         driver.put_groups(groups, fresh, bank)
         put_seconds += time.perf_counter() - started
-        results = gather_failing_fast(driver.launch(StageCall(iteration, sampling_round=sampling_round), rounds.states))
+        launched = driver.launch(StageCall(iteration, sampling_round=sampling_round), rounds.states)
+        results = gather_failing_fast(launched, recover=driver.workers.recover)
         got = bank.get(read.name, list(read.consumes), batch_size=len(rows), whole_groups=True)
         assert got is not None and torch.equal(got[0], rows), "the filter state must get exactly this round's rows"
         facts.add(got[1])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
@@ -34,18 +36,30 @@ class Stages:
 
 
 def gather_failing_fast(
-    futures: dict[str, list], finished: dict[str, list[StageResult]] | None = None
+    futures: dict[str, list],
+    finished: dict[str, list[StageResult]] | None = None,
+    recover: Callable[[Any, Exception], Any] | None = None,
 ) -> dict[str, list[StageResult]]:
     """ray.get of every stage, raising the first worker error at once instead of waiting for the
     other stages to time out on data that will never come. Each rank's result is added to
-    `finished[stage]` as it returns (what an in-flight resume reuses)."""
+    `finished[stage]` as it returns (what an in-flight resume reuses). `recover` (StageWorkers.recover)
+    may replace a call whose worker died with another's (a rollout pool's engine): its result then
+    takes the dead call's place."""
+    futures = {stage: list(refs) for stage, refs in futures.items()}
     stage_of = {ref: stage for stage, refs in futures.items() for ref in refs}
     pending = list(stage_of)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as death:
+            replacement = None if recover is None else recover(done[0], death)
+            if replacement is not None:
+                stage = stage_of.pop(done[0])
+                stage_of[replacement] = stage
+                futures[stage] = [replacement if ref == done[0] else ref for ref in futures[stage]]
+                pending.append(replacement)
+                continue
             _keep_returned(pending, stage_of, finished)
             raise
         except ray.exceptions.RayTaskError as error:

@@ -75,7 +75,7 @@ def gather_stages(
     the results that came in before (sampling rounds, a resumed attempt) and read the samples' facts
     from `bank` (Driver.read_facts; the sampling rounds read them already)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
-    gathered = gather_failing_fast(futures, finished=inflight.finished)
+    gathered = gather_failing_fast(futures, finished=inflight.finished, recover=driver.workers.recover)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
     facts = sampled.facts if sampled.facts is not None else driver.read_facts(bank, num_samples=len(fed.batch))
     return Stages(fed, put_seconds, results, facts, bank, started, time.perf_counter(), sampled.metrics)

@@ -1,0 +1,175 @@
+"""The rollout pool as the driver keeps it (rollout.pool): its engines (workers/pool_engine.py), the policy versions
+handed to them, and an engine's death.
+
+- Start: `rollout.pool.replicas` engines, each a Ray actor asking for one device outside the job's placement group
+  (the pool's devices are apart from the trainer's), waited for like the other workers.
+- Weights: once an update has been launched, the next rollout's launch first queues actor rank 0's
+  `published_weights` and hands its answer to every engine's `load_weights`. Ray resolves it on each engine from
+  the object store (the weights never pass through the driver) and runs one actor's calls in the order they were
+  submitted, so rank 0 answers after that update and each engine loads before it generates: a pool engine samples
+  with the version the actor ranks' engines sample with, in the sync and the run-ahead schedule alike.
+- A rollout: every engine that is up gets the call and takes whole prompt groups from the dock while any are left,
+  beside the actor ranks' engines (engines/rank_engine.py `engine_batch_size`).
+- A death (`recover`, which the stage gather asks): the engine is dropped, what it took and did not finish goes back
+  to the dock (TransferDock.hand_back) and a surviving pool engine is asked to generate again; with none left, the
+  death fails the attempt as any worker's does. Before each rollout a replacement is started where the cluster has
+  a free device; it generates once it is up, after loading the newest version.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import ray
+from ray.actor import ActorHandle
+
+from rldock.config import JobConfig
+from rldock.runtime.flow.states import ROLLOUT, StageCall, WorkerContext
+from rldock.runtime.workers import cluster
+from rldock.runtime.workers.pool_engine import PoolEngineWorker, pool_rank
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A rollout call on a pool engine: which engine, which call (to run again on another after a death)."""
+
+    index: int
+    call: StageCall
+
+
+class RolloutPool:
+    """The pool's engines of one attempt (module docstring)."""
+
+    def __init__(self, cfg: JobConfig, context: WorkerContext, *, num_actor_ranks: int, publisher: ActorHandle):
+        """`publisher`: actor rank 0, whose `published_weights` answers with the version its last update pushed."""
+        assert cfg.rollout.pool is not None, "a job without rollout.pool has no pool"
+        self.cfg, self.context, self.num_actor_ranks, self.publisher = cfg, context, num_actor_ranks, publisher
+        self.replicas = cfg.rollout.pool.replicas
+        self.engines: dict[int, ActorHandle] = {}  # index -> an engine that is up
+        self.starting: dict[int, tuple[ActorHandle, ray.ObjectRef]] = {}  # index -> (engine, its readiness)
+        self.lost = 0  # engines that died in this attempt
+        self._next_index = 0
+        # An update was launched since the engines were last given weights; or, at a resumed LoRA job's start,
+        # they started from the base model's files and the policy is the base with the trained adapters.
+        self._update_launched = context.adapter_dir is not None
+        self._newest: ray.ObjectRef | None = None  # the newest version published to them (a PublishedWeights)
+        self._launched: dict[ray.ObjectRef, _Launched] = {}
+        for _ in range(self.replicas):
+            self._start_engine()
+
+    def wait_up(self, *, timeout_s: float = cluster.PLACEMENT_TIMEOUT_S) -> None:
+        """Once the engines started with the pool are up (as every worker, before the first iteration); a
+        PlacementTimeout naming the fields when the cluster has no devices for them within `timeout_s`."""
+        ready = [ready for _, ready in self.starting.values()]
+        up, _ = ray.wait(ready, num_returns=len(ready), timeout=timeout_s)
+        if len(up) < len(ready):
+            accelerator = self.cfg.resources.accelerator_resource
+            raise cluster.PlacementTimeout(
+                f"{len(ready) - len(up)} of the rollout pool's {len(ready)} engines could not start within "
+                f"{timeout_s:.0f} s: each asks Ray for one {accelerator} of its own, beside the trainer's, and the "
+                f"cluster has {cluster.free_devices(accelerator):g} free. Add devices, or lower rollout.pool.replicas"
+            )
+        ray.get(ready)  # an engine that failed to start fails the attempt here, as any worker does
+        self._admit_started()
+
+    # --- what the attempt's workers ask --------------------------------------------------------
+
+    def processes(self) -> list[ActorHandle]:
+        """Every engine of the pool, up or starting."""
+        return [*self.engines.values(), *(handle for handle, _ in self.starting.values())]
+
+    def update_launched(self) -> None:
+        """An update was launched: the next rollout's engines load the version it makes."""
+        self._update_launched = True
+
+    def launch_rollout(self, call: StageCall) -> list[ray.ObjectRef]:
+        """The rollout `call` on every engine that is up (after the newest weights); the futures of their results."""
+        if self._update_launched:
+            self._update_launched = False
+            self._newest = self.publisher.published_weights.remote()
+            for engine in self.engines.values():
+                engine.load_weights.remote(self._newest)
+        self._admit_started()
+        self._replace_lost()
+        # two iterations are in flight at most (the run-ahead schedule): older calls were gathered
+        self._launched = {ref: ran for ref, ran in self._launched.items() if ran.call.iteration >= call.iteration - 1}
+        return [self._generate(index, call) for index in sorted(self.engines)]
+
+    def recover(self, ref: ray.ObjectRef, error: Exception) -> ray.ObjectRef | None:
+        """After the call behind `ref` found its worker dead: when it was a pool engine's rollout, hand its
+        unfinished groups back to the dock and return the future of the same call on a surviving engine
+        (None: not a pool engine's call, or no engine is left, and the death fails the attempt)."""
+        launched = self._launched.pop(ref, None)
+        if launched is None:
+            return None
+        dead = self.engines.pop(launched.index, None)
+        if dead is not None:
+            self.lost += 1
+            ray.kill(dead)  # whatever is left of it
+        bank = self.context.banks.bank(launched.call.iteration)  # type: ignore[attr-defined]
+        outputs = self.context.recipe.produces.get(ROLLOUT.name, ())  # type: ignore[attr-defined]
+        back = bank.hand_back(
+            ROLLOUT.name, pool_rank(launched.index, num_actor_ranks=self.num_actor_ranks), outputs=outputs
+        )
+        logger.warning(
+            "rollout pool engine %d died (%s); %d of its samples of iteration %d go back to the dock; %d engines left",
+            launched.index,
+            type(error).__name__,
+            back,
+            launched.call.iteration,
+            len(self.engines),
+        )
+        if not self.engines:
+            return None
+        return self._generate(min(self.engines), launched.call)
+
+    # --- the engines ---------------------------------------------------------------------------
+
+    def _generate(self, index: int, call: StageCall) -> ray.ObjectRef:
+        ref: ray.ObjectRef = self.engines[index].generate.remote(call)
+        self._launched[ref] = _Launched(index, call)
+        return ref
+
+    def _start_engine(self) -> None:
+        index, self._next_index = self._next_index, self._next_index + 1
+        context = self.context
+        engine = cluster.on_a_device_of_its_own(
+            PoolEngineWorker, accelerator=self.cfg.resources.accelerator_resource
+        ).remote(
+            self.cfg,
+            recipe=context.recipe,
+            index=index,
+            num_actor_ranks=self.num_actor_ranks,
+            policy_dir=context.policy_dir,
+            banks=context.banks,
+            policy_version=context.policy_version,
+            environment_urls=context.environment_urls,
+        )
+        self.starting[index] = (engine, engine.__ray_ready__.remote())
+
+    def _admit_started(self) -> None:
+        """Engines that came up join the pool, the newest version loaded first; one that failed to start is dropped."""
+        for index, (engine, ready) in list(self.starting.items()):
+            if not ray.wait([ready], timeout=0)[0]:
+                continue
+            del self.starting[index]
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayError as error:
+                logger.warning("rollout pool engine %d did not start: %s", index, error)
+                continue
+            if self._newest is not None:
+                engine.load_weights.remote(self._newest)
+            self.engines[index] = engine
+            if index >= self.replicas:
+                logger.info("rollout pool engine %d is up and generates from this rollout on", index)
+
+    def _replace_lost(self) -> None:
+        """Start an engine for each lost one while the cluster has a free device for it."""
+        accelerator = self.cfg.resources.accelerator_resource
+        while len(self.engines) + len(self.starting) < self.replicas and cluster.free_devices(accelerator) >= 1:
+            self._start_engine()
+            logger.info("starting rollout pool engine %d in place of a lost one", self._next_index - 1)

@@ -1,0 +1,144 @@
+"""The driver's rollout pool (driver/rollout_pool.py) on a real local Ray and a real dock, its engines a double
+of the pool's engine worker (vLLM is what the integration tier's pool job runs): the newest version is handed
+to every engine before its rollout, and an engine that dies holding groups costs that engine only (its groups go
+back to the dock, the other generates them, a replacement starts on the device it freed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import ray
+import torch
+from ray import cloudpickle
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.config.job import DockSpec
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
+from rldock.runtime.driver import rollout_pool
+from rldock.runtime.driver.rollout_pool import RolloutPool
+from rldock.runtime.driver.schedule.stages import gather_failing_fast
+from rldock.runtime.engines.rank_engine import PublishedWeights, engine_batch_size
+from rldock.runtime.flow.states import StageCall, WorkerContext
+from rldock.runtime.workers.pool_engine import pool_rank
+
+G, N, SL = 4, 2, 3
+STATES = {"rollout": ["prompt_ids"], "check": ["response_ids"]}  # the rollout, and a state reading its output
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    consumes: tuple[str, ...]
+
+
+class _Recipe:
+    """What the pool and its engines read of the job's recipe: the rollout's spec and what it writes."""
+
+    produces = {"rollout": ("response_ids",)}
+
+    def spec(self, name: str) -> _Spec:
+        return _Spec(name, tuple(STATES[name]))
+
+
+class EngineDouble:
+    """PoolEngineWorker's shape without vLLM: its rollout takes whole groups and writes `response_ids` (the
+    version it holds in every token). Engine 0 dies holding its first batch; the others wait for that."""
+
+    def __init__(self, cfg, *, recipe, index, num_actor_ranks, policy_dir, banks, policy_version, environment_urls):
+        self.cfg, self.recipe, self.index, self.banks = cfg, recipe, index, banks
+        self.rank = pool_rank(index, num_actor_ranks=num_actor_ranks)
+        self.version = policy_version
+
+    def load_weights(self, published: PublishedWeights) -> float:
+        self.version = published.version
+        return 0.0
+
+    def generate(self, call: StageCall) -> StageResult:
+        bank = self.banks.bank(call.iteration)
+        if self.index != 0:  # wait for the state: engine 0 took its batch
+            while bank.stats()["controllers"]["rollout"]["handed_out_now"] == 0:
+                time.sleep(0.01)
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            if self.index == 0:
+                os._exit(1)  # dies holding `indices`
+            return TensorDict({"response_ids": torch.full((len(indices), SL), self.version)}, batch_size=[len(indices)])
+
+        batch_size = engine_batch_size(self.cfg, num_actor_ranks=2)
+        result = run_stage(
+            bank, self.recipe.spec("rollout"), rollout, rank=self.rank, batch_size=batch_size, whole_groups=True
+        )
+        return result.with_metrics(pool_engine=self.index)
+
+
+@ray.remote
+class PublisherDouble:
+    """Actor rank 0's `published_weights`: version 7."""
+
+    def published_weights(self) -> PublishedWeights:
+        return PublishedWeights(version=7, weights={}, copy_s=0.0)
+
+
+@pytest.fixture(scope="module")
+def ray_session(start_local_ray) -> Iterator[None]:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the doubles, shipped to Ray's workers by value
+    with start_local_ray(num_cpus=8, resources={"NPU": 3}):
+        yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_starts(ray_session, monkeypatch):
+    monkeypatch.setattr(rollout_pool, "PoolEngineWorker", EngineDouble)
+    cfg = JobConfig.model_validate(
+        {
+            "iterations": 2,
+            "model": {"path": "unused"},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": G,
+                "num_responses_per_prompt": N,
+                "max_prompt_length": 2,
+                "max_response_length": SL,
+                "learning_rate": 1e-4,
+            },
+            "rollout": {"pool": {"replicas": 2, "actors_generate": False}},
+        }
+    )
+    assert engine_batch_size(cfg, num_actor_ranks=2) == G * N // 2  # the pool alone: half each
+    bank = TransferDock.create(DockSpec(timeout_s=30), states=STATES, num_samples=G * N, group_size=N)
+    try:
+        bank.put(torch.arange(G * N), TensorDict({"prompt_ids": torch.zeros(G * N, 2)}, batch_size=[G * N]))
+        context = WorkerContext(
+            cfg=cfg,
+            recipe=_Recipe(),
+            banks=DockBanks([bank]),
+            policy_dir="unused",
+            reference_dir="unused",
+            adapter_dir=None,
+            policy_version=6,
+        )
+        pool = RolloutPool(cfg, context, num_actor_ranks=2, publisher=PublisherDouble.remote())
+        pool.wait_up()
+        assert sorted(pool.engines) == [0, 1]
+        pool.update_launched()  # an update made version 7: the next rollout's engines load it first
+        results = gather_failing_fast({"rollout": pool.launch_rollout(StageCall(1))}, recover=pool.recover)["rollout"]
+        # Engine 1's own call and the one that replaced engine 0's: every sample written once, by version 7.
+        assert [r.metrics["pool_engine"] for r in results] == [1, 1]
+        assert sum(r.num_samples for r in results) == G * N
+        indices, written = bank.get("check", ["response_ids"], batch_size=G * N)
+        assert indices.tolist() == list(range(G * N)) and bool((written["response_ids"] == 7).all())
+        assert pool.lost == 1 and sorted(pool.engines) == [1]
+        # The next rollout starts a replacement on the freed device; it generates once it is up.
+        pool.launch_rollout(StageCall(2))
+        assert list(pool.starting) == [2]
+        pool.starting[2][0].__ray_ready__.remote()  # keep the test's Ray busy no longer than needed
+    finally:
+        bank.shutdown()
