@@ -129,6 +129,7 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
         pool.wait_up()
         assert sorted(pool.engines) == [0, 1]
         pool.update_launched()  # an update made version 7: the next rollout's engines load it first
+        pool.publish()
         results = gather_failing_fast({"rollout": pool.launch_rollout(StageCall(1))}, recover=pool.recover)["rollout"]
         # Engine 1's own call and the one that replaced engine 0's: every sample written once, by version 7.
         assert [r.metrics["pool_engine"] for r in results] == [1, 1]

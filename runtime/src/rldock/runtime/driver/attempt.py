@@ -95,13 +95,16 @@ class WorkerGroups:
     def launch(self, call: StageCall, specs: Sequence[WorkerState]) -> dict[str, list]:
         """Start each state of `specs` (in that order): its spec's method with `call` on every
         runner; state -> the futures of its ranks."""
-        launched = {}
+        launched, pool = {}, self.pool
         for spec in specs:
+            pooled = pool is not None and spec.name == ROLLOUT.name
+            if pool is not None and pooled:  # rank 0 publishes before its own rollout, which the pool need not wait for
+                pool.publish()
             launched[spec.name] = [getattr(h, spec.method).remote(call) for h in self.runners(spec)]
-            if self.pool is not None and spec.name == ROLLOUT.name:
-                launched[spec.name] += self.pool.launch_rollout(call)
-            elif self.pool is not None and spec.name == UPDATE.name:
-                self.pool.update_launched()
+            if pool is not None and pooled:
+                launched[spec.name] += pool.launch_rollout(call)
+            elif pool is not None and spec.name == UPDATE.name:
+                pool.update_launched()
         return launched
 
     def recover(self, ref, error: Exception):

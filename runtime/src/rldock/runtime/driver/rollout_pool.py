@@ -4,10 +4,11 @@ handed to them, and an engine's death.
 - Start: `rollout.pool.replicas` engines, each a Ray actor asking for one device outside the job's placement group
   (the pool's devices are apart from the trainer's), waited for like the other workers.
 - Weights: once an update has been launched, the next rollout's launch first queues actor rank 0's
-  `published_weights` and hands its answer to every engine's `load_weights`. Ray resolves it on each engine from
-  the object store (the weights never pass through the driver) and runs one actor's calls in the order they were
-  submitted, so rank 0 answers after that update and each engine loads before it generates: a pool engine samples
-  with the version the actor ranks' engines sample with, in the sync and the run-ahead schedule alike.
+  `published_weights` (before rank 0's own rollout, which the pool's engines then need not wait for) and hands
+  its answer to every engine's `load_weights`. Ray resolves it on each engine from the object store (the
+  weights never pass through the driver) and runs one actor's calls in the order they were submitted, so rank 0
+  answers after that update and each engine loads before it generates: a pool engine samples with the version
+  the actor ranks' engines sample with, in the sync and the run-ahead schedule alike.
 - A rollout: every engine that is up gets the call and takes whole prompt groups from the dock while any are left,
   beside the actor ranks' engines (engines/rank_engine.py `engine_batch_size`).
 - A death (`recover`, which the stage gather asks): the engine is dropped, what it took and did not finish goes back
@@ -85,13 +86,20 @@ class RolloutPool:
         """An update was launched: the next rollout's engines load the version it makes."""
         self._update_launched = True
 
+    def publish(self) -> None:
+        """Before a rollout is launched on the actor ranks: when an update was launched since the engines were
+        last given weights, queue actor rank 0's answer with the version it makes (after that update, before
+        rank 0's own rollout, which the pool's engines then need not wait for) and each engine's load of it."""
+        if not self._update_launched:
+            return
+        self._update_launched = False
+        self._newest = self.publisher.published_weights.remote()
+        for engine in self.engines.values():
+            engine.load_weights.remote(self._newest)
+
     def launch_rollout(self, call: StageCall) -> list[ray.ObjectRef]:
-        """The rollout `call` on every engine that is up (after the newest weights); the futures of their results."""
-        if self._update_launched:
-            self._update_launched = False
-            self._newest = self.publisher.published_weights.remote()
-            for engine in self.engines.values():
-                engine.load_weights.remote(self._newest)
+        """The rollout `call` on every engine that is up, after the newest weights (`publish`, called first);
+        the futures of their results."""
         self._admit_started()
         self._replace_lost()
         # two iterations are in flight at most (the run-ahead schedule): older calls were gathered
