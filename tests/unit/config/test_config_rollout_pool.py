@@ -42,6 +42,8 @@ def test_a_pool_needs_at_least_one_engine(demo_data):
     "change, reason",
     [
         ({"rollout": {"tensor_parallel_size": 2}}, "a pool engine holds one device"),
+        ({"training": {"tensor_parallel_size": 2, "data_parallel_size": 1}}, "keeps no copy for a pool's engines"),
+        ({"training": {"resharding": "allgather_swap"}}, "keeps no copy for a pool's engines"),
         (
             {
                 "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2},

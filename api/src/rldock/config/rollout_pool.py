@@ -37,8 +37,8 @@ class RolloutPoolSpec(Spec):
     actors_generate: bool = Field(
         default=True,
         description="Whether the actor ranks' engines generate beside the pool's. false: the pool alone generates "
-        "and the trainer's devices only train (their engines still run the held-out evaluation); the job then "
-        "stops when its last pool engine is lost, as when any worker dies.",
+        "and the trainer's devices only train (their engines still run the held-out evaluation). Either way, "
+        "losing the last pool engine fails the attempt as any worker's death does.",
     )
 
 
@@ -72,6 +72,17 @@ def problems(cfg: JobConfig) -> list[Problem]:
                 FIELD,
                 f"rollout.tensor_parallel_size {cfg.rollout.tensor_parallel_size}: a pool engine holds one device; "
                 "set it to 1 or remove rollout.pool",
+            )
+        )
+    training = cfg.training
+    if training.strategy != "fsdp" and (training.tensor_parallel_size > 1 or training.resharding != "naive"):
+        refused.append(
+            Problem(
+                FIELD,
+                f"training.tensor_parallel_size {training.tensor_parallel_size} and training.resharding "
+                f"{training.resharding} under DDP: the resharder loads the gathered weights into the actor ranks' "
+                "engines only, and keeps no copy for a pool's engines yet; use training.strategy fsdp, or DDP with "
+                "tensor_parallel_size 1 and resharding naive, or remove rollout.pool",
             )
         )
     if cfg.agent is not None and cfg.agent.harnessed:

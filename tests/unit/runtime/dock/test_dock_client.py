@@ -415,6 +415,12 @@ def test_a_dead_consumers_unfinished_groups_go_to_the_others_and_its_finished_on
     assert dock.hand_back("update", 2, outputs=["unread_column"]) == 8
     with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
         dock.hand_back("rollout", 2, outputs=["half_logprobs"])
+    # A state dealt over ranks by tokens keeps each rank's share its own: nothing hands back a dead rank's.
+    mask = (torch.arange(SL) < torch.tensor([2, 1, 3, 0])[:, None]).long()
+    dock.put_groups(torch.arange(4), TensorDict({"response_mask": mask}, batch_size=[4]))
+    assert dock.get("balanced", ["response_mask"], rank=0, batch_size=8, balance_ranks=2) is not None
+    with pytest.raises(ValueError, match="deals its samples over ranks"):
+        dock.hand_back("balanced", 1, outputs=["half_logprobs"])
 
 
 def test_caller_errors(dock: TransferDock) -> None:

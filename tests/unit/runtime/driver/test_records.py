@@ -216,11 +216,17 @@ def test_a_drawing_that_fails_is_logged_and_the_records_still_returned(tmp_path,
 
 def test_the_pools_metrics_count_each_engines_samples_and_its_last_load():
     """Two results of engine 1 (its own call and one that replaced dead engine 0's), one of engine 2, an actor
-    rank's engine beside them (no `pool_engine`): samples by engine, the slowest load, rank 0's copy."""
+    rank's engine beside them (no `pool_samples`): samples by engine, the slowest load, rank 0's copy."""
     rollouts = [
-        StageResult(num_samples=4, metrics={"pool_engine": 1, "pool_weights_load_s": 0.25, "pool_publish_copy_s": 0.5}),
-        StageResult(num_samples=2, metrics={"pool_engine": 1}),
-        StageResult(num_samples=8, metrics={"pool_engine": 2, "pool_weights_load_s": 0.75, "pool_publish_copy_s": 0.5}),
+        StageResult(
+            num_samples=4,
+            metrics={"pool_samples": {"engine1": 4}, "pool_weights_load_s": 0.25, "pool_publish_copy_s": 0.5},
+        ),
+        StageResult(num_samples=2, metrics={"pool_samples": {"engine1": 2}}),
+        StageResult(
+            num_samples=8,
+            metrics={"pool_samples": {"engine2": 8}, "pool_weights_load_s": 0.75, "pool_publish_copy_s": 0.5},
+        ),
         StageResult(num_samples=16, metrics={}),
     ]
     assert pool_metrics(rollouts) == {

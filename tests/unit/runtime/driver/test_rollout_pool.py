@@ -61,7 +61,8 @@ class EngineDouble:
         self.version = published.version
         return 0.0
 
-    def generate(self, call: StageCall) -> StageResult:
+    def generate(self, call: StageCall, *, version: int | None = None) -> StageResult:
+        assert version in (None, self.version), (version, self.version)
         bank = self.banks.bank(call.iteration)
         if self.index != 0:  # wait for the state: engine 0 took its batch
             while bank.stats()["controllers"]["rollout"]["handed_out_now"] == 0:
@@ -76,7 +77,7 @@ class EngineDouble:
         result = run_stage(
             bank, self.recipe.spec("rollout"), rollout, rank=self.rank, batch_size=batch_size, whole_groups=True
         )
-        return result.with_metrics(pool_engine=self.index)
+        return result.with_metrics(pool_samples={f"engine{self.index}": result.num_samples})
 
 
 @ray.remote
@@ -132,7 +133,7 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
         pool.publish()
         results = gather_failing_fast({"rollout": pool.launch_rollout(StageCall(1))}, recover=pool.recover)["rollout"]
         # Engine 1's own call and the one that replaced engine 0's: every sample written once, by version 7.
-        assert [r.metrics["pool_engine"] for r in results] == [1, 1]
+        assert [r.metrics["pool_samples"] for r in results] == [{"engine1": 4}, {"engine1": 4}]
         assert sum(r.num_samples for r in results) == G * N
         indices, written = bank.get("check", ["response_ids"], batch_size=G * N)
         assert indices.tolist() == list(range(G * N)) and bool((written["response_ids"] == 7).all())
@@ -143,3 +144,14 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
         pool.starting[2][0].__ray_ready__.remote()  # keep the test's Ray busy no longer than needed
     finally:
         bank.shutdown()
+
+
+def test_an_engine_whose_load_failed_refuses_to_generate_with_older_weights():
+    """PoolEngineWorker.generate with the version the driver expects after its newest publish: an engine still at
+    an older one (its load failed) raises, naming both, before it takes any group from the dock."""
+    from rldock.runtime.workers.pool_engine import PoolEngineWorker
+
+    engine = PoolEngineWorker.__new__(PoolEngineWorker)  # no vLLM: the check comes first
+    engine.index, engine.policy_version = 1, 4
+    with pytest.raises(RuntimeError, match="rollout pool engine 1 holds policy version 4, not 5"):
+        engine.generate(StageCall(6), version=5)

@@ -298,6 +298,11 @@ class Controller:
     async def hand_back(self, rank: int, unwritten: np.ndarray) -> np.ndarray:
         """Samples `rank` took whose outputs were not written (`unwritten`, a (num_samples,) bool) go back
         untaken: `rank` died holding them, and another consumer takes them. Returns their indices."""
+        if self._mode is not None and self._mode[1]:
+            raise ValueError(
+                f"state {self._state!r} deals its samples over ranks (balance_ranks): a rank's share is its own, "
+                "and nothing hands back a dead rank's"
+            )
         # A request of the dead rank still waiting would take samples nobody reads: it goes first.
         for waiter in [w for w in self._waiters if w.rank == rank]:
             self._waiters.remove(waiter)
@@ -622,9 +627,9 @@ class ControllerHub:
         engine) costs its unfinished work, not the iteration. Returns the samples handed back."""
         unwritten: np.ndarray | None = None
         for column in outputs:
-            readers = [ready for c in self._controllers.values() if (ready := c.written(column)) is not None]
-            if readers:
-                unwritten = ~readers[0] if unwritten is None else unwritten | ~readers[0]
+            for ready in (ready for c in self._controllers.values() if (ready := c.written(column)) is not None):
+                # written only where every state reading it saw it (a write marks them all: this is a guard)
+                unwritten = ~ready if unwritten is None else unwritten | ~ready
         if unwritten is None:  # nothing shows what it finished
             unwritten = np.ones(self._num_samples, dtype=bool)
         return await self._controller(state).hand_back(rank, unwritten)

@@ -239,24 +239,29 @@ class Attempt:
         )
         # The pool's engines start while the trainer's ranks form their groups (they need none).
         pool = RolloutPool(cfg, context, num_actor_ranks=len(actors), publisher=actors[0]) if cfg.rollout.pool else None
-        # Each engine rank sees its replica's devices before its engine starts (replica_devices).
-        engine_envs = engine_environments(
-            ray.get([a.device_seat.remote() for a in actors]), generation_tp=groups.generation_tp
-        )
-        for name, spec in specs.items():
-            handles = ranks[name]
-            if spec.joins_group(cfg) and handles:  # the group's own DDP group (the actor's also sets up engines)
-                rendezvous = ray.get(handles[0].pick_rendezvous.remote())
-                ray.get(
-                    [
-                        h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
-                        for r, h in enumerate(handles)
-                    ]
-                )
-        groups.turns = hand_out_turns(cfg, plan, self.inputs.recipe, groups)  # fresh with every new set of workers
-        if pool is not None:
-            pool.wait_up()
-            groups.pool = pool
+        try:
+            # Each engine rank sees its replica's devices before its engine starts (replica_devices).
+            engine_envs = engine_environments(
+                ray.get([a.device_seat.remote() for a in actors]), generation_tp=groups.generation_tp
+            )
+            for name, spec in specs.items():
+                handles = ranks[name]
+                if spec.joins_group(cfg) and handles:  # the group's own DDP group (the actor's also sets up engines)
+                    rendezvous = ray.get(handles[0].pick_rendezvous.remote())
+                    ray.get(
+                        [
+                            h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
+                            for r, h in enumerate(handles)
+                        ]
+                    )
+            groups.turns = hand_out_turns(cfg, plan, self.inputs.recipe, groups)  # fresh with every new set of workers
+            if pool is not None:
+                pool.wait_up()
+                groups.pool = pool
+        except BaseException:
+            if pool is not None and groups.pool is None:  # outside the placement group: nothing else ends them
+                pool.kill()
+            raise
         return groups
 
     def _checkpointed(self) -> list[tuple[WorkerGroup, CheckpointState]]:

@@ -172,15 +172,15 @@ COMPUTED_KEY = "computed"
 def pool_metrics(rollouts: Sequence[StageResult]) -> dict:
     """The rollout pool's part of the iteration (rollout.pool; none without one): `rollout/pool_samples` per
     engine that generated (`engine{i}`, by the pool's numbering, a replacement's after the others') and in all,
-    and the last weight load's seconds (`rollout/pool_weights_load_s`, the most of any engine; the host copy
-    actor rank 0 made of the version, `rollout/pool_publish_copy_s`) in an iteration whose engines loaded one."""
-    pooled = [r for r in rollouts if "pool_engine" in r.metrics]
+    and the weight load's seconds (`rollout/pool_weights_load_s`, the slowest engine's; the host copy actor rank 0
+    made of the version, `rollout/pool_publish_copy_s`) in an iteration whose engines loaded one."""
+    pooled = [r for r in rollouts if "pool_samples" in r.metrics]
     if not pooled:
         return {}
     per_engine: dict[str, int] = {}
     for result in pooled:
-        key = f"engine{result.metrics['pool_engine']}"
-        per_engine[key] = per_engine.get(key, 0) + result.num_samples
+        for key, samples in result.metrics["pool_samples"].items():
+            per_engine[key] = per_engine.get(key, 0) + samples
     loads = [r.metrics for r in pooled if "pool_weights_load_s" in r.metrics]
     return {
         "rollout/pool_samples": sum(per_engine.values()),

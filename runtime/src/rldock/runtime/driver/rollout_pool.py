@@ -39,6 +39,7 @@ class _Launched:
 
     index: int
     call: StageCall
+    version: int | None  # the policy version the engine must hold (None: whatever it holds, a rerun's)
 
 
 class RolloutPool:
@@ -57,7 +58,14 @@ class RolloutPool:
         # they started from the base model's files and the policy is the base with the trained adapters.
         self._update_launched = context.adapter_dir is not None
         self._newest: ray.ObjectRef | None = None  # the newest version published to them (a PublishedWeights)
+        # The version the launched updates make (the files' at the start); what the engines must hold after the
+        # newest publish: an engine whose load failed refuses to generate rather than sample with older weights.
+        self._version = context.policy_version
+        self._published_version = context.policy_version
         self._launched: dict[ray.ObjectRef, _Launched] = {}
+        # The engines of the iteration's first sampling round, by position: DAPO's later rounds keep the positions
+        # (driver/feed.py merges each position's results over the rounds), a dead engine's taken by a survivor.
+        self._positions: list[int] = []
         for _ in range(self.replicas):
             self._start_engine()
 
@@ -69,9 +77,10 @@ class RolloutPool:
         if len(up) < len(ready):
             accelerator = self.cfg.resources.accelerator_resource
             raise cluster.PlacementTimeout(
-                f"{len(ready) - len(up)} of the rollout pool's {len(ready)} engines could not start within "
-                f"{timeout_s:.0f} s: each asks Ray for one {accelerator} of its own, beside the trainer's, and the "
-                f"cluster has {cluster.free_devices(accelerator):g} free. Add devices, or lower rollout.pool.replicas"
+                f"{len(ready) - len(up)} of the rollout pool's {len(ready)} engines were not up within {timeout_s:.0f} "
+                f"s: each asks Ray for one {accelerator} of its own, beside the trainer's, and the cluster has "
+                f"{cluster.free_devices(accelerator):g} free now (an engine's own start counts too). Add devices, or "
+                "lower rollout.pool.replicas"
             )
         ray.get(ready)  # an engine that failed to start fails the attempt here, as any worker does
         self._admit_started()
@@ -85,6 +94,7 @@ class RolloutPool:
     def update_launched(self) -> None:
         """An update was launched: the next rollout's engines load the version it makes."""
         self._update_launched = True
+        self._version += 1
 
     def publish(self) -> None:
         """Before a rollout is launched on the actor ranks: when an update was launched since the engines were
@@ -94,17 +104,25 @@ class RolloutPool:
             return
         self._update_launched = False
         self._newest = self.publisher.published_weights.remote()
+        self._published_version = self._version
         for engine in self.engines.values():
             engine.load_weights.remote(self._newest)
 
     def launch_rollout(self, call: StageCall) -> list[ray.ObjectRef]:
         """The rollout `call` on every engine that is up, after the newest weights (`publish`, called first);
         the futures of their results."""
-        self._admit_started()
-        self._replace_lost()
+        if call.sampling_round == 0:  # engines join and leave the positions between iterations only
+            self._admit_started()
+            self._replace_lost()
+            self._positions = sorted(self.engines)
         # two iterations are in flight at most (the run-ahead schedule): older calls were gathered
         self._launched = {ref: ran for ref, ran in self._launched.items() if ran.call.iteration >= call.iteration - 1}
-        return [self._generate(index, call) for index in sorted(self.engines)]
+        if not self.engines:
+            return []
+        return [
+            self._generate(index if index in self.engines else min(self.engines), call, self._published_version)
+            for index in self._positions
+        ]
 
     def recover(self, ref: ray.ObjectRef, error: Exception) -> ray.ObjectRef | None:
         """After the call behind `ref` found its worker dead: when it was a pool engine's rollout, hand its
@@ -132,14 +150,20 @@ class RolloutPool:
         )
         if not self.engines:
             return None
-        return self._generate(min(self.engines), launched.call)
+        # On a survivor, after what is queued there: in the run-ahead schedule a newer version's load may be, and the
+        # groups are then sampled (and tagged) by that version, one newer than the dead engine's.
+        return self._generate(min(self.engines), launched.call, None)
 
     # --- the engines ---------------------------------------------------------------------------
 
-    def _generate(self, index: int, call: StageCall) -> ray.ObjectRef:
-        ref: ray.ObjectRef = self.engines[index].generate.remote(call)
-        self._launched[ref] = _Launched(index, call)
+    def _generate(self, index: int, call: StageCall, version: int | None) -> ray.ObjectRef:
+        ref: ray.ObjectRef = self.engines[index].generate.remote(call, version=version)
+        self._launched[ref] = _Launched(index, call, version)
         return ref
+
+    def kill(self) -> None:
+        """End every engine of the pool (an attempt that failed before its workers were handed out)."""
+        cluster.end_actors(self.processes())
 
     def _start_engine(self) -> None:
         index, self._next_index = self._next_index, self._next_index + 1
