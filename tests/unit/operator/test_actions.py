@@ -12,6 +12,7 @@ from rldock.operator.actions import (
     CountRestart,
     CreateCluster,
     DeleteCluster,
+    ScalePool,
     StopJob,
     SubmitJob,
     SuspendCluster,
@@ -205,3 +206,30 @@ def test_a_kueue_cluster_waiting_for_admission_is_a_start_for_status_and_actions
 def test_a_lost_worker_fails_the_attempt_only_without_an_in_job_restart_budget():
     assert classify(_facts(job=RUNNING, lost_pods=LOST)) is Rule.ATTEMPT_FAILED
     assert classify(_facts(job=RUNNING, lost_pods=LOST, spec=spec_dict(maxRestarts=2))) is Rule.ATTEMPT_RUNNING
+
+
+def _pool_cluster(replicas: int) -> dict[str, Any]:
+    cluster = _cluster()
+    cluster["spec"]["workerGroupSpecs"] = [
+        {"groupName": "workers", "replicas": 1},
+        {"groupName": "pool", "replicas": replicas},
+    ]
+    return cluster
+
+
+def _pool_spec(replicas: int) -> dict:
+    spec = spec_dict()
+    spec["job"]["rollout"] = {"pool": {"replicas": replicas}}
+    return spec
+
+
+def test_the_rollout_pool_is_scaled_to_the_spec_while_the_job_runs_and_before_it_starts():
+    running = _facts(spec=_pool_spec(2), cluster=_pool_cluster(1), job=RUNNING)
+    assert _actions(running) == [ScalePool(2, 1)]
+    starting = _facts(spec=_pool_spec(1), cluster=_pool_cluster(2))
+    assert ScalePool(1, 2) in _actions(starting)
+    assert not any(
+        isinstance(a, ScalePool) for a in _actions(_facts(spec=_pool_spec(2), cluster=_pool_cluster(2), job=RUNNING))
+    )
+    # a pool added to a running job waits for the next cluster (the spec hash differs): nothing to scale in place
+    assert _actions(_facts(spec=_pool_spec(2), job=RUNNING)) == []

@@ -13,6 +13,7 @@ import yaml
 from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_validator, spec_dict
 
 from rldock.config import load_job_config, parse_job_config
+from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE, POOL_NODES_ENV
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import (
@@ -24,6 +25,7 @@ from rldock.operator.builders import (
     build_ray_cluster,
     output_dir,
 )
+from rldock.operator.builders.ray_cluster import pool_group_replicas, with_pool_replicas
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ENV_JOB_CONFIG,
@@ -33,6 +35,9 @@ from rldock.operator.constants import (
     LABEL_RLJOB,
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
+    POOL_GROUP,
+    ROLE_POOL,
+    WORKER_GROUP,
 )
 from rldock.runtime.cli import build_parser
 
@@ -368,3 +373,44 @@ def test_a_cluster_for_kueue_is_created_suspended_for_kueue_to_admit():
     assert cluster["spec"]["suspend"] is True
     assert cluster["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "team-a-queue"
     assert build_ray_cluster(job=JOB, spec=_spec())["spec"]["suspend"] is False
+
+
+def _with_pool(replicas: int, **sections) -> RLJobSpec:
+    job = spec_dict()["job"]
+    job["rollout"] = {"pool": {"replicas": replicas}}
+    return _spec(job=job, **sections)
+
+
+def test_a_rollout_pool_is_a_worker_group_of_one_device_pods_on_labelled_ray_nodes():
+    """The pool's group beside the trainer's: `replicas` pods (min = max), one device each advertised to Ray,
+    each Ray node labelled for the pool, no anti-affinity (several pool pods may share a node), the job's pods
+    told where the pool is; valid pods and a valid RayCluster by KubeRay's schema."""
+    cluster = build_ray_cluster(job=JOB, spec=_with_pool(3))
+    workers, pool = cluster["spec"]["workerGroupSpecs"]
+    assert workers["groupName"] == WORKER_GROUP and pool["groupName"] == POOL_GROUP
+    assert (pool["replicas"], pool["minReplicas"], pool["maxReplicas"]) == (3, 3, 3)
+    params = pool["rayStartParams"]
+    assert json.loads(shlex.split(params["resources"])[0]) == {"NPU": 1}
+    assert params["labels"] == f"{POOL_NODE_LABEL}={POOL_NODE_VALUE}"
+    template = pool["template"]
+    assert template["metadata"]["labels"][LABEL_ROLE] == ROLE_POOL and "affinity" not in template["spec"]
+    (container,) = template["spec"]["containers"]
+    assert {"name": POOL_NODES_ENV, "value": POOL_NODE_VALUE} in container["env"]
+    for group in (cluster["spec"]["headGroupSpec"], workers):  # the driver reads it on the head
+        assert {"name": POOL_NODES_ENV, "value": POOL_NODE_VALUE} in group["template"]["spec"]["containers"][0]["env"]
+    kubernetes_validate.validate(_as_pod(template, "pool"), KUBERNETES_VERSION, strict=True)
+    assert error_paths(kuberay_raycluster_validator(), cluster) == []
+    plain = build_ray_cluster(job=JOB, spec=_spec())
+    assert len(plain["spec"]["workerGroupSpecs"]) == 1
+    assert all(
+        e["name"] != POOL_NODES_ENV for e in plain["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    )
+
+
+def test_the_pools_replicas_are_scaled_in_place_and_a_pool_added_needs_a_new_cluster():
+    one, two, none = (build_ray_cluster(job=JOB, spec=spec) for spec in (_with_pool(1), _with_pool(2), _spec()))
+    hashes = [c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in (one, two, none)]
+    assert hashes[0] == hashes[1] != hashes[2]
+    assert (pool_group_replicas(one), pool_group_replicas(two), pool_group_replicas(none)) == (1, 2, None)
+    scaled = with_pool_replicas(one, 2)
+    assert scaled == two["spec"]["workerGroupSpecs"] and pool_group_replicas(one) == 1  # a copy

@@ -72,6 +72,19 @@ def test_summary_carries_the_schedulers_messages():
     assert not summary.head_running and summary.ready_workers == 0
 
 
+def test_the_rollout_pools_pods_are_apart_from_the_trainers_workers():
+    """Pool pods (KubeRay's `ray.io/group: pool`) come and go as the pool is scaled: they are no worker whose loss
+    fails the attempt, nor one the submission waits for, and one the scheduler cannot place holds nothing back."""
+    message = "0/2 nodes are available: 2 Insufficient huawei.com/Ascend910."
+    pool = [pod("c-pool-worker-d", "worker"), pod("c-pool-worker-e", "worker", phase="Pending", unschedulable=message)]
+    for entry in pool:
+        entry["metadata"]["labels"]["ray.io/group"] = "pool"
+    summary = summarize_pods([pod("c-head-a", "head"), pod("c-workers-worker-b", "worker"), *pool])
+    assert [w.name for w in summary.workers] == ["c-workers-worker-b"] and summary.ready_workers == 1
+    assert summary.ready_pool == 1 and summary.pool_unschedulable == (message,) and summary.unschedulable == ()
+    assert lost_workers(summary, num_workers=1, attempt_workers=frozenset({"c-workers-worker-b"})) == []
+
+
 def test_a_terminating_head_is_not_up():
     summary = summarize_pods([pod("c-head-a", "head", deleting=True)])
     assert not summary.head_running and not summary.head_ready

@@ -33,8 +33,6 @@ def test_a_valid_spec_has_no_problems():
         ("job.evaluation", {"interval": 5}, "spec.job.evaluation.interval"),  # no held-out prompts
         ("job.model", {"path": "/models/qwen"}, "spec.job.data"),  # a model of the user's, the demo's data
         ("job.resources.accelerator_resource", "CPU", "spec.job.resources.accelerator_resource"),
-        # A rollout pool: no worker group for its engines yet (docs/placement.md#the-rollout-pool).
-        ("job.rollout", {"pool": {"replicas": 2}}, "spec.job.rollout.pool"),
         # Storage: exactly one source, sane paths.
         ("checkpoint", {"claimName": "pvc", "hostPath": "/mnt/rl"}, "spec.checkpoint"),
         ("checkpoint", {"mountPath": "/ckpt"}, "spec.checkpoint"),

@@ -22,7 +22,7 @@ here (the table is in rules.py):
   round submits it, which resumes after the saved iteration.
 - ATTEMPT_FAILED with restarts left: stop the job if it still runs and count a restart (which numbers the
   next attempt too); the next round submits attempt `attempt`, which resumes from the last checkpoint.
-- ATTEMPT_RUNNING: leave the driver be.
+- ATTEMPT_RUNNING: leave the driver be (but scale the rollout pool's worker group to the spec: `_scale_pool`).
 - STARTING: create the RayCluster when there is none (also after someone deleted it mid-run);
   replace it when it no longer matches the spec (spec-hash annotation, and the gang scheduler's
   labels, e.g. the queue), which only happens between attempts (also while Kueue holds it waiting
@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeGuard
 
+from rldock.operator.builders.ray_cluster import pool_group_replicas
 from rldock.operator.constants import ANNOTATION_SPEC_HASH
 from rldock.operator.facts import RayJobObservation, RoundFacts, Suspension, scheduling_labels
 from rldock.operator.rules import Rule
@@ -86,7 +87,15 @@ class NextAttempt:
     """An attempt a drain ended: the next attempt's number, no restart counted."""
 
 
-Action = CreateCluster | DeleteCluster | SuspendCluster | SubmitJob | StopJob | CountRestart | NextAttempt
+@dataclass(frozen=True)
+class ScalePool:
+    """The rollout pool's worker group to `replicas` pods (spec.job.rollout.pool.replicas changed)."""
+
+    replicas: int
+    had: int
+
+
+Action = CreateCluster | DeleteCluster | SuspendCluster | ScalePool | SubmitJob | StopJob | CountRestart | NextAttempt
 
 
 def _active(job: RayJobObservation | None) -> TypeGuard[RayJobObservation]:
@@ -118,10 +127,21 @@ def _suspend(f: RoundFacts) -> list[Action]:
 
 
 def _bring_up(f: RoundFacts) -> list[Action]:
-    """Create a missing RayCluster, resume one the operator suspended."""
+    """Create a missing RayCluster, resume one the operator suspended, scale its rollout pool to the spec."""
     if f.cluster is None:
         return [CreateCluster()]
-    return [SuspendCluster(False)] if f.suspension is Suspension.OURS else []
+    return [*([SuspendCluster(False)] if f.suspension is Suspension.OURS else []), *_scale_pool(f)]
+
+
+def _scale_pool(f: RoundFacts) -> list[Action]:
+    """The pool's worker group to spec.job.rollout.pool.replicas, in place, also while the job runs: the
+    runtime starts an engine on a new pod at its next rollout and hands a removed one's groups to the others
+    (docs/placement.md#the-rollout-pool). A pool added or removed changes the cluster's spec hash instead."""
+    pool = None if f.spec is None else f.spec.job.rollout.pool
+    had = None if f.cluster is None else pool_group_replicas(f.cluster)
+    if pool is None or had is None or had == pool.replicas:
+        return []
+    return [ScalePool(pool.replicas, had)]
 
 
 def _retry(f: RoundFacts) -> list[Action]:

@@ -96,6 +96,7 @@ APP_NAME = "rldock"
 MANAGED_BY = "rldock-operator"
 ROLE_HEAD = "head"
 ROLE_WORKER = "worker"
+ROLE_POOL = "pool"  # the pods of the rollout pool's worker group (spec.job.rollout.pool)
 ROLE_ENVIRONMENT = "environment"  # the pods of spec.environments
 # On an environment's Deployment, Service and NetworkPolicy (beside `rldock.io/rljob`) and its pods:
 # the spec.environments entry's name.
@@ -204,11 +205,13 @@ RAY_CLUSTER_PLURAL = "rayclusters"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 WORKER_GROUP = "workers"
+POOL_GROUP = "pool"  # the rollout pool's worker group (shorter than WORKER_GROUP: naming.RAY_CLUSTER_NAME_MAX)
 DASHBOARD_PORT = 8265  # the Ray Jobs API is served by the head's dashboard
 DASHBOARD_ENDPOINT = "dashboard"  # key of the dashboard port in RayCluster .status.endpoints
 # Labels KubeRay puts on every pod of a RayCluster.
 LABEL_RAY_CLUSTER = "ray.io/cluster"
 LABEL_RAY_NODE_TYPE = "ray.io/node-type"  # "head" or "worker"
+LABEL_RAY_GROUP = "ray.io/group"  # a worker pod's groupName (WORKER_GROUP, POOL_GROUP)
 RAY_NODE_TYPE_HEAD = "head"
 RAY_NODE_TYPE_WORKER = "worker"
 # RayCluster.status as KubeRay writes it.
@@ -349,6 +352,7 @@ class EventReason(str, Enum):
     CREATED_AUTH_SECRET = "CreatedAuthSecret"
     CREATED_ENVIRONMENT_TOKEN = "CreatedEnvironmentToken"  # the Secret of the environments' token
     CREATED_RAY_CLUSTER = "CreatedRayCluster"
+    SCALED_ROLLOUT_POOL = "ScaledRolloutPool"  # its worker group's replicas follow spec.job.rollout.pool.replicas
     REPLACED_RAY_CLUSTER = "ReplacedRayCluster"
     RELEASED_RAY_CLUSTER = "ReleasedRayCluster"  # deleted when the job finished, failed or was suspended
     SUBMITTED_RAY_JOB = "SubmittedRayJob"

@@ -25,8 +25,10 @@ from rldock.operator.constants import (
     DASHBOARD_ENDPOINT,
     DASHBOARD_PORT,
     JOB_METADATA_WORKER_PODS,
+    LABEL_RAY_GROUP,
     LABEL_RAY_NODE_TYPE,
     LABEL_RLJOB,
+    POOL_GROUP,
     RAY_CONDITION_PROVISIONED,
     RAY_NODE_TYPE_HEAD,
     RAY_NODE_TYPE_WORKER,
@@ -63,8 +65,12 @@ class PodSummary:
     # ... and of an earlier RayCluster of the same name (deleted for a suspend under Kueue, or a spec change)
     earlier_head_terminating: str | None = None
     ready_workers: int = 0
-    workers: tuple[WorkerPod, ...] = ()
+    workers: tuple[WorkerPod, ...] = ()  # the trainer's worker group's (WORKER_GROUP)
     unschedulable: tuple[str, ...] = ()  # the scheduler's messages, one per pod it cannot place
+    # The rollout pool's worker group (POOL_GROUP), apart: its pods come and go as it is scaled, and an engine
+    # lost with one costs that engine, not the attempt (rldock.runtime.driver.rollout_pool).
+    ready_pool: int = 0
+    pool_unschedulable: tuple[str, ...] = ()
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -87,10 +93,15 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
     """Pods of one RayCluster (already filtered to those it owns)."""
-    head_scheduled, head_running, head_ready, workers, unschedulable = False, False, False, [], []
+    head_scheduled, head_running, head_ready = False, False, False
+    workers: list[WorkerPod] = []
+    unschedulable: list[str] = []
+    ready_pool, pool_unschedulable = 0, list[str]()
     head_terminating: str | None = None
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status", {})
+        labels = meta.get("labels") or {}
+        in_pool = labels.get(LABEL_RAY_GROUP) == POOL_GROUP
         scheduled = _condition(pod, "PodScheduled")
         if (
             scheduled is not None
@@ -98,8 +109,12 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
             and scheduled.get("reason") == "Unschedulable"
             and not meta.get("deletionTimestamp")
         ):
-            unschedulable.append(scheduled.get("message") or f"pod {meta['name']} cannot be scheduled")
-        node_type = (meta.get("labels") or {}).get(LABEL_RAY_NODE_TYPE)
+            message = scheduled.get("message") or f"pod {meta['name']} cannot be scheduled"
+            (pool_unschedulable if in_pool else unschedulable).append(message)
+        if in_pool:
+            ready_pool += _ready(pod)
+            continue
+        node_type = labels.get(LABEL_RAY_NODE_TYPE)
         if node_type == RAY_NODE_TYPE_HEAD:
             head_scheduled = head_scheduled or (
                 bool((pod.get("spec") or {}).get("nodeName")) and not meta.get("deletionTimestamp")
@@ -126,6 +141,8 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
         ready_workers=sum(w.ready for w in workers),
         workers=tuple(workers),
         unschedulable=tuple(unschedulable),
+        ready_pool=ready_pool,
+        pool_unschedulable=tuple(pool_unschedulable),
     )
 
 

@@ -98,15 +98,6 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     job_problems = find_problems(job)
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in job_problems]
     problems += _device_problems(spec)
-    if spec.job.rollout.pool is not None:
-        problems.append(
-            Problem(
-                "spec.job.rollout.pool",
-                "an RLJob does not run a rollout pool yet: the operator creates no worker group for its engines, "
-                "which would wait for devices the RayCluster does not have (rldock train runs a pool on its own "
-                "Ray, docs/placement.md#the-rollout-pool); remove it",
-            )
-        )
     for role in ("head", "worker"):
         try:
             cpu_cores(getattr(spec.cluster, role).cpu)

@@ -57,6 +57,7 @@ from rldock.operator.constants import (
     ROLE_AGENT,
     ROLE_ENVIRONMENT,
     ROLE_HEAD,
+    ROLE_POOL,
     ROLE_WORKER,
     TMP_MOUNT_PATH,
     VOLCANO_SCHEDULER,
@@ -235,10 +236,10 @@ def build_deployment(
 
 
 def ray_pods(job: RLJobRef) -> dict[str, Any]:
-    """A podSelector of the job's Ray pods (head and workers): only they carry `rldock.io/rljob`."""
+    """A podSelector of the job's Ray pods (head, workers, the rollout pool's): only they carry `rldock.io/rljob`."""
     return {
         "matchLabels": {LABEL_RLJOB: naming.label_value(job.name)},
-        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_HEAD, ROLE_WORKER]}],
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_HEAD, ROLE_WORKER, ROLE_POOL]}],
     }
 
 

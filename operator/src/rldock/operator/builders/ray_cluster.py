@@ -5,7 +5,11 @@ Shape: a head group (trainer driver, dock controllers; CPU only) and ONE worker 
 pod anti-affinity, each taking the node's `devices_per_node` devices through the device plugin's
 extended resource and advertising them to Ray as `job.resources.accelerator_resource`. The
 runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
-lands there. How the devices are asked for, by the job's `resources`:
+lands there. A job with a rollout pool (`job.rollout.pool`) has a second worker group, `pool`:
+`replicas` pods of one device each, their Ray nodes labelled for the pool (rldock.contract.pool_nodes),
+where the runtime starts the pool's engines and nothing else. Its replicas are left out of the spec
+hash: the operator scales the group in place when the spec's replicas change, also while the job runs
+(`pool_group_replicas`, actions.ScalePool). How the devices are asked for, by the job's `resources`:
 - `accelerator_resource: NPU` (or any custom name): each worker pod requests `devices_per_node`
   of the device resource, and its `ray start` gets `--resources='{"NPU": n}'`;
 - `accelerator_resource: GPU`: the pods request the same of a GPU device plugin's resource
@@ -36,10 +40,12 @@ import json
 import math
 import posixpath
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
+from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE, POOL_NODES_ENV
 from rldock.contract.runtime_cli import PREEMPT_NOTICE_FILE, preempt_argv
 from rldock.operator import naming
 from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
@@ -63,6 +69,7 @@ from rldock.operator.constants import (
     LABEL_RLJOB,
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
+    POOL_GROUP,
     PREEMPT_MARGIN_S,
     RAY_API_VERSION,
     RAY_AUTH_MODE_TOKEN,
@@ -71,6 +78,7 @@ from rldock.operator.constants import (
     RAY_POD_GID,
     RAY_POD_UID,
     ROLE_HEAD,
+    ROLE_POOL,
     ROLE_WORKER,
     SHM_MOUNT_PATH,
     TMP_MOUNT_PATH,
@@ -92,7 +100,7 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
     the spec leaves to the installation (the operator passes its settings' pod defaults)."""
     resources = spec.job.resources
     num_workers = resources.num_nodes
-    cluster_spec = {
+    cluster_spec: dict[str, Any] = {
         "rayVersion": spec.cluster.ray_version,
         # KubeRay deletes every pod and keeps the object. A cluster for Kueue is created suspended,
         # as Kueue's convention for the jobs it manages: Kueue unsuspends it once it admits it.
@@ -109,11 +117,24 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
                 "replicas": num_workers,
                 "minReplicas": num_workers,
                 "maxReplicas": num_workers,
-                "rayStartParams": _worker_start_params(spec),
+                "rayStartParams": _device_start_params(spec, devices=resources.devices_per_node),
                 "template": _pod_template(job, spec, defaults, role=ROLE_WORKER),
             }
         ],
     }
+    pool = spec.job.rollout.pool
+    if pool is not None:
+        cluster_spec["workerGroupSpecs"].append(
+            {
+                "groupName": POOL_GROUP,
+                **pool_replicas(pool.replicas),
+                "rayStartParams": {
+                    **_device_start_params(spec, devices=1),
+                    "labels": f"{POOL_NODE_LABEL}={POOL_NODE_VALUE}",  # `ray start --labels`
+                },
+                "template": _pod_template(job, spec, defaults, role=ROLE_POOL),
+            }
+        )
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAY_CLUSTER_KIND,
@@ -161,16 +182,39 @@ def _head_start_params(spec: RLJobSpec) -> dict[str, str]:
     return params
 
 
-def _worker_start_params(spec: RLJobSpec) -> dict[str, str]:
+def _device_start_params(spec: RLJobSpec, *, devices: int) -> dict[str, str]:
+    """A worker's `ray start` parameters that advertise its `devices` to Ray."""
     resources = spec.job.resources
     if resources.accelerator_resource == RAY_GPU:
         # Ray's built-in GPU count: `--resources='{"GPU": n}'` Ray refuses ("GPU cannot be a
         # custom resource"), and the workers ask for GPUs as `num_gpus` (runtime workers/ray_devices.py).
-        return {"num-gpus": str(resources.devices_per_node)}
+        return {"num-gpus": str(devices)}
     # KubeRay pastes every value into the container's `bash -lc` line as `--key=value` without
     # quoting (common/pod.go convertParamMap), so the JSON carries its own shell quotes, as KubeRay
     # writes its own accelerator resources: --resources='{"NPU": 8}'.
-    return {"resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node}))}
+    return {"resources": shlex.quote(json.dumps({resources.accelerator_resource: devices}))}
+
+
+def pool_replicas(replicas: int) -> dict[str, int]:
+    """The pool's worker group fields that say how many pods it has (min = max: no autoscaling)."""
+    return {"replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas}
+
+
+def pool_group_replicas(cluster: Mapping[str, Any]) -> int | None:
+    """The replicas of a RayCluster's pool worker group as stored; None: it has none."""
+    for group in cluster.get("spec", {}).get("workerGroupSpecs") or ():
+        if group.get("groupName") == POOL_GROUP:
+            return int(group.get("replicas", 0))
+    return None
+
+
+def with_pool_replicas(cluster: Mapping[str, Any], replicas: int) -> list[dict[str, Any]]:
+    """The RayCluster's worker groups with the pool's scaled to `replicas` (a merge patch replaces the list)."""
+    groups = copy.deepcopy(list(cluster["spec"]["workerGroupSpecs"]))
+    for group in groups:
+        if group.get("groupName") == POOL_GROUP:
+            group.update(pool_replicas(replicas))
+    return groups
 
 
 def _gang_labels(spec: RLJobSpec) -> dict[str, str]:
@@ -188,8 +232,13 @@ def _gang_labels(spec: RLJobSpec) -> dict[str, str]:
 
 
 def _spec_hash(cluster_spec: dict[str, Any]) -> str:
-    # `suspend` is left out: toggling it is a patch of the running cluster, not a new cluster.
+    # `suspend` is left out: toggling it is a patch of the running cluster, not a new cluster; so are the pool's
+    # replicas, which the operator scales in place.
     stable = {k: v for k, v in cluster_spec.items() if k != "suspend"}
+    stable["workerGroupSpecs"] = [
+        {k: v for k, v in group.items() if group["groupName"] != POOL_GROUP or k not in pool_replicas(0)}
+        for group in cluster_spec["workerGroupSpecs"]
+    ]
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -255,11 +304,11 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
 
 
 def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
-    if role == ROLE_WORKER:
+    if role in (ROLE_WORKER, ROLE_POOL):  # a pool pod: the worker's CPU and memory, one device
         amounts = _cpu_memory(spec.cluster.worker)
         devices = device_resource(spec, defaults)
         if devices is not None:
-            amounts[devices] = str(spec.job.resources.devices_per_node)
+            amounts[devices] = str(spec.job.resources.devices_per_node if role == ROLE_WORKER else 1)
         name = WORKER_CONTAINER
     else:
         amounts, name = _cpu_memory(spec.cluster.head), HEAD_CONTAINER
@@ -285,6 +334,8 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             # The job's environment token, which its clients send the environments' servers; only a
             # job with spec.environments or spec.agents has one (builders/secret.py).
             *([environment_token_env(job)] if spec.has_pod_sets else []),
+            # where the runtime finds the rollout pool's nodes (rldock.contract.pool_nodes)
+            *([{"name": POOL_NODES_ENV, "value": POOL_NODE_VALUE}] if spec.job.rollout.pool is not None else []),
         ],
         "volumeMounts": [
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
@@ -306,11 +357,12 @@ def preempt_command(job: RLJobRef, spec: RLJobSpec, *, role: str) -> list[str]:
     """The pods' preStop hook, within the grace period, before Ray's processes get their SIGTERM
     (rldock.runtime.driver.preemption). The head's stops the pod's driver as SIGTERM does (its iteration
     finished and checkpointed) and waits for it, posting a notice in the job's output folder meanwhile; a
-    worker's keeps its Ray node up while that notice is posted, for the iteration the driver finishes."""
+    worker's (and a pool pod's) keeps its Ray node up while that notice is posted, for the iteration the
+    driver finishes."""
     return preempt_argv(
         timeout_s=spec.preemption.grace_period_seconds - PREEMPT_MARGIN_S,
         notice=posixpath.join(output_dir(job=job, spec=spec), PREEMPT_NOTICE_FILE),
-        follow=role == ROLE_WORKER,
+        follow=role != ROLE_HEAD,  # a pool pod's engine too: the driver's last iteration may need it
     )
 
 

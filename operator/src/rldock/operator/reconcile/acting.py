@@ -1,5 +1,6 @@
 """A round's actions (actions.py's, derived from the rule that decided) done to the cluster and the Jobs
-API: create, suspend or delete the RayCluster, count a restart, submit or stop the attempt's Ray job."""
+API: create, suspend, scale the rollout pool of or delete the RayCluster, count a restart, submit or stop the
+attempt's Ray job."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from rldock.operator.actions import (
     CreateCluster,
     DeleteCluster,
     NextAttempt,
+    ScalePool,
     StopJob,
     SubmitJob,
     SuspendCluster,
 )
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import build_job_submission, device_resource
+from rldock.operator.builders.ray_cluster import with_pool_replicas
 from rldock.operator.constants import (
     ANNOTATION_SUSPENDED_BY,
     JOB_METADATA_WORKER_PODS,
@@ -74,6 +77,14 @@ def apply(
                 "metadata": {"annotations": {ANNOTATION_SUSPENDED_BY: MANAGED_BY_RLDOCK if action.suspend else None}},
                 "spec": {"suspend": action.suspend},
             },
+        )
+    elif isinstance(action, ScalePool):
+        assert cluster is not None
+        kube.patch("RayCluster", ns, name, {"spec": {"workerGroupSpecs": with_pool_replicas(cluster, action.replicas)}})
+        out.event(
+            "Normal",
+            EventReason.SCALED_ROLLOUT_POOL,
+            f"scaled the rollout pool of RayCluster {name} from {action.had} to {action.replicas} engine(s)",
         )
     elif isinstance(action, (CountRestart, NextAttempt)):
         status["attempt"] = rnd.facts.attempt + 1

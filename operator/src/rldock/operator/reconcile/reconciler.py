@@ -158,7 +158,8 @@ class Reconciler:
             and ready_to_submit(cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
             metrics=seen.progress.metrics,
             last_checkpoint=seen.progress.last_checkpoint,
-            unschedulable=seen.summary.unschedulable,
+            # the pool's pods too: the condition names them, though they hold back no submission
+            unschedulable=(*seen.summary.unschedulable, *seen.summary.pool_unschedulable),
             lost_pods=seen.lost,
             head_terminating=seen.summary.head_terminating,
             workers_terminating=seen.workers_terminating,

@@ -12,13 +12,21 @@ from __future__ import annotations
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE
+
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 
 
 def worker_node_ids() -> list[str]:
-    """The alive nodes that may run consumers: every node but the head, or the head if it is alone."""
+    """The alive nodes that may run consumers: every node but the head and an RLJob's rollout pool nodes (their
+    engines write groups, which belong to the trainer's nodes: rldock.contract.pool_nodes), or the head if it is
+    alone."""
     alive = [node for node in ray.nodes() if node["Alive"]]
-    workers = sorted(node["NodeID"] for node in alive if HEAD_RESOURCE not in node["Resources"])
+    workers = sorted(
+        node["NodeID"]
+        for node in alive
+        if HEAD_RESOURCE not in node["Resources"] and (node.get("Labels") or {}).get(POOL_NODE_LABEL) != POOL_NODE_VALUE
+    )
     return workers or sorted(node["NodeID"] for node in alive)
 
 

@@ -50,6 +50,9 @@ class RolloutPool:
         assert cfg.rollout.pool is not None, "a job without rollout.pool has no pool"
         self.cfg, self.context, self.num_actor_ranks, self.publisher = cfg, context, num_actor_ranks, publisher
         self.replicas = cfg.rollout.pool.replicas
+        # In an RLJob's RayCluster the pool is a worker group of its own, which the operator scales
+        # (rldock.contract.pool_nodes): its engines go there, and its size is the devices there.
+        self.on_pool_nodes = cluster.pool_nodes_managed()
         self.engines: dict[int, ActorHandle] = {}  # index -> an engine that is up
         self.starting: dict[int, tuple[ActorHandle, ray.ObjectRef]] = {}  # index -> (engine, its readiness)
         self.lost = 0  # engines that died in this attempt
@@ -169,7 +172,7 @@ class RolloutPool:
         index, self._next_index = self._next_index, self._next_index + 1
         context = self.context
         engine = cluster.on_a_device_of_its_own(
-            PoolEngineWorker, accelerator=self.cfg.resources.accelerator_resource
+            PoolEngineWorker, accelerator=self.cfg.resources.accelerator_resource, on_pool_nodes=self.on_pool_nodes
         ).remote(
             self.cfg,
             recipe=context.recipe,
@@ -199,9 +202,25 @@ class RolloutPool:
             if index >= self.replicas:
                 logger.info("rollout pool engine %d is up and generates from this rollout on", index)
 
+    def target(self) -> int:
+        """The engines the pool should have: the devices of its worker group in an RLJob's RayCluster (the
+        operator scales it), else rollout.pool.replicas."""
+        if self.on_pool_nodes:
+            return cluster.pool_node_devices(self.cfg.resources.accelerator_resource)
+        return self.replicas
+
     def _replace_lost(self) -> None:
-        """Start an engine for each lost one while the cluster has a free device for it."""
-        accelerator = self.cfg.resources.accelerator_resource
-        while len(self.engines) + len(self.starting) < self.replicas and cluster.free_devices(accelerator) >= 1:
+        """Start engines up to `target` while there is a device for each: in the pool's worker group, a device
+        it holds (a new pod's, a dead engine's); elsewhere, a free device of the cluster's."""
+        accelerator, target = self.cfg.resources.accelerator_resource, self.target()
+        while len(self.engines) + len(self.starting) < target and (
+            self.on_pool_nodes or cluster.free_devices(accelerator) >= 1
+        ):
             self._start_engine()
-            logger.info("starting rollout pool engine %d in place of a lost one", self._next_index - 1)
+            logger.info(
+                "starting rollout pool engine %d (the pool has %d engines up, %d starting, %d wanted)",
+                self._next_index - 1,
+                len(self.engines),
+                len(self.starting) - 1,
+                target,
+            )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import ray
 import ray._private.state as ray_state  # the actor table, as `ray list actors` reads it
@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rldock.config import JobConfig
 from rldock.config.rollout_pool import pool_devices
 from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
+from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE, POOL_NODES_ENV
 from rldock.runtime.agent.service.local import token_variables
 from rldock.runtime.dock.shared_columns import process_runs
 from rldock.runtime.flow.recipe import Recipe
@@ -99,7 +100,9 @@ class PlacementTimeout(RuntimeError):
 def reserve(plan: PlacementPlan, *, timeout_s: float = PLACEMENT_TIMEOUT_S) -> PlacementGroup:
     """Create the plan's placement group (one bundle per device, packed onto as few nodes as fit,
     so tensor-parallel peers share a node where they can) and wait until Ray has reserved it."""
-    group = placement_group(list(plan.bundles), strategy="PACK")
+    # Off the nodes of an RLJob's rollout pool ("!": a node without the label matches), whenever they join.
+    avoid_pool = {"bundle_label_selector": [{POOL_NODE_LABEL: f"!{POOL_NODE_VALUE}"}] * len(plan.bundles)}
+    group = placement_group(list(plan.bundles), strategy="PACK", **(avoid_pool if pool_nodes_managed() else {}))
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -192,15 +195,37 @@ def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: S
     )
 
 
-def on_a_device_of_its_own(cls, *, accelerator: str):
+def on_a_device_of_its_own(cls, *, accelerator: str, on_pool_nodes: bool):
     """`cls` as a Ray actor holding one device outside the job's placement group (a rollout pool's engine:
-    the pool grows and shrinks apart from the trainer's devices), with its logical CPU."""
-    return ray.remote(timed(cls)).options(num_cpus=CPUS_PER_WORKER, **device_request(accelerator, 1), max_restarts=0)
+    the pool grows and shrinks apart from the trainer's devices), with its logical CPU; `on_pool_nodes`: on the
+    nodes of an RLJob's pool worker group only (rldock.contract.pool_nodes)."""
+    placement = {"label_selector": {POOL_NODE_LABEL: POOL_NODE_VALUE}} if on_pool_nodes else {}
+    return ray.remote(timed(cls)).options(
+        num_cpus=CPUS_PER_WORKER, **device_request(accelerator, 1), max_restarts=0, **placement
+    )
 
 
 def free_devices(accelerator: str) -> float:
     """Devices of `accelerator` no actor or placement group of the cluster holds now."""
     return ray.available_resources().get(accelerator, 0.0)
+
+
+def pool_nodes_managed(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the job runs in an RLJob's RayCluster whose rollout pool is a worker group of its own
+    (rldock.contract.pool_nodes: the operator sets POOL_NODES_ENV in its pods)."""
+    return environ.get(POOL_NODES_ENV) == POOL_NODE_VALUE
+
+
+def pool_node_devices(accelerator: str) -> int:
+    """Devices of `accelerator` on the alive nodes of the pool's worker group: the pool's size as the operator
+    scales it."""
+    return int(
+        sum(
+            node["Resources"].get(accelerator, 0)
+            for node in ray.nodes()
+            if node["Alive"] and (node.get("Labels") or {}).get(POOL_NODE_LABEL) == POOL_NODE_VALUE
+        )
+    )
 
 
 def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):
