@@ -643,3 +643,88 @@ def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts
     assert [m["iteration"] for m in scenario.metrics(name)] == list(range(1, iterations + 1))
     assert scenario.condition(name, "Retrying") is None
     assert sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == "SubmittedRayJob") == 1
+
+
+def _pool_pods(scenario: Scenario, name: str) -> list[dict[str, Any]]:
+    """The RLJob's rollout pool pods (KubeRay's group `pool`) that are not being deleted."""
+    pods = scenario.items("pods", "-l", f"ray.io/cluster={name},ray.io/group=pool")
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _pool_ready(scenario: Scenario, name: str, count: int) -> bool:
+    pods = _pool_pods(scenario, name)
+    return len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
+
+
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
+def test_the_rollout_pool_grows_and_shrinks_while_the_job_runs_and_a_lost_pool_pod_costs_its_engine(
+    scenario: Scenario,
+) -> None:
+    """A job whose rollout pool alone generates (one device per pool pod), in one job start:
+
+    1. `spec.job.rollout.pool.replicas` 1 -> 2 while it runs: the operator scales the RayCluster's `pool` group in
+       place, the runtime starts an engine on the new pod, and the next rollout after it is up admits it (its
+       groups in the records by engine);
+    2. that engine's pod deleted: the job goes on (the attempt is not restarted), KubeRay makes a new pod, and an
+       engine starts there and is admitted the same way;
+    3. replicas 2 -> 1: a pod goes, its engine with it, and the job finishes on the other.
+
+    Every iteration is trained once, on all its samples, with no restart. The hold (runtime/driver/iteration_hold.py)
+    keeps the job from running out of iterations while an engine starts; the test waits for the driver to say an
+    engine is up, then lets three more iterations run and looks at the last."""
+    name, iterations = "pool-scaled", 30
+    # two devices for the trainer's worker pod, so that the node's 8 leave room for the pool's pods
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=10, devices_per_node=2)
+    job = manifest["spec"]["job"]
+    job["rollout"] = {"pool": {"replicas": 1, "actors_generate": False}}
+    samples = job["algorithm"]["num_prompts_per_iteration"] * job["algorithm"]["num_responses_per_prompt"]
+    hold = _held(scenario, manifest, before=3)
+    _apply(scenario, manifest)
+    scenario.wait("the job held before iteration 3", lambda: len(scenario.metrics(name)) == 2, timeout=START_TIMEOUT)
+    (first,) = _pool_pods(scenario, name)
+
+    def scale(replicas: int) -> None:
+        patch = {"spec": {"job": {"rollout": {"pool": {"replicas": replicas}}}}}
+        scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", json.dumps(patch))
+
+    def admitted(index: int) -> dict[str, Any]:
+        """The record of the third iteration after the driver said engine `index` is up."""
+        scenario.wait(
+            f"rollout pool engine {index} up",
+            lambda: f"rollout pool engine {index} is up" in scenario.driver_log(name),
+            timeout=START_TIMEOUT,
+        )
+        done = len(scenario.metrics(name))
+        hold.before(done + 4)
+        scenario.wait(
+            f"iteration {done + 3} done", lambda: len(scenario.metrics(name)) >= done + 3, timeout=RUN_TIMEOUT
+        )
+        return scenario.metrics(name)[done + 2]
+
+    # 1. Grow.
+    scale(2)
+    scenario.wait("two pool pods running", lambda: _pool_ready(scenario, name, 2), timeout=START_TIMEOUT)
+    hold.before(10)  # launches to come: the one that sees the new Ray node starts its engine
+    grown = admitted(1)
+    assert set(grown["rollout/pool_engine_samples"]) == {"engine0", "engine1"}, grown
+
+    # 2. The new engine's pod deleted.
+    (second,) = [p for p in _pool_pods(scenario, name) if p["metadata"]["name"] != first["metadata"]["name"]]
+    scenario.kubectl("delete", "pod", second["metadata"]["name"], "--wait=true")
+    scenario.wait("two pool pods running again", lambda: _pool_ready(scenario, name, 2), timeout=START_TIMEOUT)
+    hold.before(len(scenario.metrics(name)) + 8)
+    replaced = admitted(2)
+    assert set(replaced["rollout/pool_engine_samples"]) == {"engine0", "engine2"}, replaced
+
+    # 3. Shrink.
+    scale(1)
+    scenario.wait("one pool pod left", lambda: len(scenario.items("pods", "-l", "ray.io/group=pool")) == 1, timeout=120)
+    hold.release()
+    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    assert status["restartCount"] == 0, status
+    metrics = scenario.metrics(name)
+    assert [m["iteration"] for m in metrics] == list(range(1, iterations + 1))
+    assert all(m["rollout/pool_samples"] == samples for m in metrics), [m["rollout/pool_samples"] for m in metrics]
+    assert len(metrics[-1]["rollout/pool_engine_samples"]) == 1, metrics[-1]
+    reasons = [e["reason"] for e in scenario.events(name)]
+    assert reasons.count("ScaledRolloutPool") == 2 and "Retrying" not in reasons, reasons

@@ -396,6 +396,8 @@ def test_a_rollout_pool_is_a_worker_group_of_one_device_pods_on_labelled_ray_nod
     assert template["metadata"]["labels"][LABEL_ROLE] == ROLE_POOL and "affinity" not in template["spec"]
     (container,) = template["spec"]["containers"]
     assert {"name": POOL_NODES_ENV, "value": POOL_NODE_VALUE} in container["env"]
+    # its hook keeps its engine up for the driver's last iteration, but a pool pod deleted alone drains nothing
+    assert container["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--follow", "--no-drain"]
     for group in (cluster["spec"]["headGroupSpec"], workers):  # the driver reads it on the head
         assert {"name": POOL_NODES_ENV, "value": POOL_NODE_VALUE} in group["template"]["spec"]["containers"][0]["env"]
     kubernetes_validate.validate(_as_pod(template, "pool"), KUBERNETES_VERSION, strict=True)

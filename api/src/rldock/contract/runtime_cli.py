@@ -21,6 +21,7 @@ PREEMPT = "preempt"  # the Ray pods' preStop hook (docs/operator.md): `preempt_a
 TIMEOUT = "--timeout"
 NOTICE = "--notice"
 FOLLOW = "--follow"
+NO_DRAIN = "--no-drain"  # with --follow: a pod deleted alone asks for no checkpoint (a rollout pool's pod)
 PREEMPT_NOTICE_FILE = "preempting.json"  # in the job's output folder, shared by every pod of the job
 # Beside it: a worker pod being deleted alone asks the driver for a checkpoint there, in a file named after it.
 DRAIN_REQUESTS_DIR = "drain-requests"
@@ -47,8 +48,11 @@ def train_argv(*, config: str, output: str, resume: bool, progress_lines: bool, 
     return [*argv, MAX_RESTARTS, str(max_restarts)]
 
 
-def preempt_argv(*, timeout_s: int, notice: str, follow: bool) -> list[str]:
-    """`rldock preempt --timeout S --notice PATH [--follow]`: the head pod's preStop hook stops its drivers
-    (posting the notice at PATH while they stop); a worker pod's (`follow`) keeps the pod's Ray node up while
-    a notice says the head's driver is stopping (rldock.runtime.driver.preemption)."""
-    return [PROGRAM, PREEMPT, TIMEOUT, str(timeout_s), NOTICE, notice, *([FOLLOW] if follow else [])]
+def preempt_argv(*, timeout_s: int, notice: str, follow: bool, drain: bool = True) -> list[str]:
+    """`rldock preempt --timeout S --notice PATH [--follow [--no-drain]]`: the head pod's preStop hook stops its
+    drivers (posting the notice at PATH while they stop); a worker pod's (`follow`) keeps the pod's Ray node up
+    while a notice says the head's driver is stopping (rldock.runtime.driver.preemption), and, deleted alone,
+    asks the driver for a checkpoint first, unless `drain` is False (a rollout pool's pod: losing it costs its
+    engine, not the attempt)."""
+    follows = [FOLLOW, *([] if drain else [NO_DRAIN])] if follow else []
+    return [PROGRAM, PREEMPT, TIMEOUT, str(timeout_s), NOTICE, notice, *follows]

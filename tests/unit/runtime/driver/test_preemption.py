@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rldock.contract.runtime_cli import DRAIN_REQUESTS_DIR
 from rldock.runtime.cli import build_parser
 from rldock.runtime.driver import preemption
 from rldock.runtime.driver.preemption import (
@@ -247,3 +248,15 @@ def test_a_request_nobody_takes_up_is_taken_down_and_a_stale_one_asks_nothing_of
     stop = _requests_watched(tmp_path)  # a later run's driver, past the request's time
     stop.answer_requests()
     assert not stop.drains and not request.acknowledged()
+
+
+def test_a_rollout_pool_pods_hook_follows_the_driver_but_asks_for_no_checkpoint(tmp_path, monkeypatch):
+    """`rldock preempt --follow --no-drain` (a pool pod's hook): deleted alone, it posts no drain request (its loss
+    costs its engine, not the attempt) and returns once nothing says a driver is stopping."""
+    path = tmp_path / "preempting.json"
+    monkeypatch.setattr(preemption, "NOTICE_WAIT_S", 0.2)
+    args = build_parser().parse_args(["preempt", "--timeout", "5", "--notice", str(path), "--follow", "--no-drain"])
+    asked: list = []
+    monkeypatch.setattr(preemption, "follow_stop", lambda notice, timeout_s, *, request: asked.append(request) or False)
+    assert args.run(args) == 0
+    assert asked == [None] and not (tmp_path / DRAIN_REQUESTS_DIR).exists()

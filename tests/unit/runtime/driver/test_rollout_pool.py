@@ -96,8 +96,12 @@ def ray_session(start_local_ray) -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_starts(ray_session, monkeypatch):
+@pytest.mark.parametrize("watch", ["at the next rollout", "by the watch"])
+def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_starts(ray_session, monkeypatch, watch):
+    """The replacement starts at the next rollout's launch or, before it, from the pool's watch (its own thread:
+    a device that appears is taken at once, not at an iteration's pace)."""
     monkeypatch.setattr(rollout_pool, "PoolEngineWorker", EngineDouble)
+    monkeypatch.setattr(rollout_pool, "WATCH_INTERVAL_S", 0.05 if watch == "by the watch" else 3600)
     cfg = JobConfig.model_validate(
         {
             "iterations": 2,
@@ -115,6 +119,7 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
     )
     assert engine_batch_size(cfg, num_actor_ranks=2) == G * N // 2  # the pool alone: half each
     bank = TransferDock.create(DockSpec(timeout_s=30), states=STATES, num_samples=G * N, group_size=N)
+    pool = None
     try:
         bank.put(torch.arange(G * N), TensorDict({"prompt_ids": torch.zeros(G * N, 2)}, batch_size=[G * N]))
         context = WorkerContext(
@@ -138,11 +143,17 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
         indices, written = bank.get("check", ["response_ids"], batch_size=G * N)
         assert indices.tolist() == list(range(G * N)) and bool((written["response_ids"] == 7).all())
         assert pool.lost == 1 and sorted(pool.engines) == [1]
-        # The next rollout starts a replacement on the freed device; it generates once it is up.
-        pool.launch_rollout(StageCall(2))
-        assert list(pool.starting) == [2]
-        pool.starting[2][0].__ray_ready__.remote()  # keep the test's Ray busy no longer than needed
+        if watch == "by the watch":  # no rollout launched: the watch starts one on the freed device
+            deadline = time.monotonic() + 60
+            while 2 not in pool.starting and 2 not in pool.engines:
+                assert time.monotonic() < deadline, "the watch started no replacement"
+                time.sleep(0.05)
+        else:  # the next rollout starts a replacement on the freed device; it generates once it is up
+            pool.launch_rollout(StageCall(2))
+            assert list(pool.starting) == [2]
     finally:
+        if pool is not None:
+            pool.kill()
         bank.shutdown()
 
 

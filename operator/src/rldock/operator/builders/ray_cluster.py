@@ -358,11 +358,12 @@ def preempt_command(job: RLJobRef, spec: RLJobSpec, *, role: str) -> list[str]:
     (rldock.runtime.driver.preemption). The head's stops the pod's driver as SIGTERM does (its iteration
     finished and checkpointed) and waits for it, posting a notice in the job's output folder meanwhile; a
     worker's (and a pool pod's) keeps its Ray node up while that notice is posted, for the iteration the
-    driver finishes."""
+    driver finishes; a worker's deleted alone asks the driver for a checkpoint (a drain), a pool pod's does not."""
     return preempt_argv(
         timeout_s=spec.preemption.grace_period_seconds - PREEMPT_MARGIN_S,
         notice=posixpath.join(output_dir(job=job, spec=spec), PREEMPT_NOTICE_FILE),
         follow=role != ROLE_HEAD,  # a pool pod's engine too: the driver's last iteration may need it
+        drain=role != ROLE_POOL,  # but a pool pod deleted alone costs its engine, not the attempt
     )
 
 

@@ -61,6 +61,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="signal nothing: wait while the --notice file says a driver is stopping (a worker pod's preStop "
         "hook, which keeps its Ray node up for the driver's last iteration)",
     )
+    preempt.add_argument(
+        cli.NO_DRAIN,
+        action="store_true",
+        help="with --follow: ask the driver for no checkpoint when this pod is deleted alone (a rollout pool's pod, "
+        "whose loss costs its engine, not the attempt)",
+    )
     preempt.set_defaults(run=run_preempt)
 
     train = commands.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
@@ -179,7 +185,8 @@ def run_preempt(args: argparse.Namespace) -> int:
             )
             return 2
         # The pod's name is its hostname: its request for a checkpoint, should it be deleted alone (a drain)
-        followed = follow_stop(notice, args.timeout, request=drain_request(notice, socket.gethostname()))
+        request = None if args.no_drain else drain_request(notice, socket.gethostname())
+        followed = follow_stop(notice, args.timeout, request=request)
         print(f"rldock preempt: {'followed the driver' if followed else 'no driver answered'}")
         return 0
     if notice is not None:

@@ -128,6 +128,8 @@ class WorkerGroups:
 
     def kill(self) -> None:
         """Kill every worker process and the turn keeper, and return once they have ended."""
+        if self.pool is not None:  # no engine started while they go
+            self.pool.close()
         cluster.end_actors([*self.all(), *([self.turns] if self.turns is not None else [])])
         self.ranks, self.turns, self.pool = {}, None, None
 

@@ -13,13 +13,19 @@ handed to them, and an engine's death.
   beside the actor ranks' engines (engines/rank_engine.py `engine_batch_size`).
 - A death (`recover`, which the stage gather asks): the engine is dropped, what it took and did not finish goes back
   to the dock (TransferDock.hand_back) and a surviving pool engine is asked to generate again; with none left, the
-  death fails the attempt as any worker's does. Before each rollout a replacement is started where the cluster has
-  a free device; it generates once it is up, after loading the newest version.
+  death fails the attempt as any worker's does.
+- Growth (`watch`): every WATCH_INTERVAL_S, and before each rollout, an engine starts for each device the pool should
+  have and has none on (a free one on a local Ray; in an RLJob, one of the pool's worker group, which the operator
+  scales): a replacement, or an engine on a pod the pool grew by. It generates once it is up, admitted by the next
+  rollout after loading the newest version. The watch runs in a thread of its own, so an engine starts as soon as
+  its device appears, not at an iteration's pace; the driver's other calls and it share one lock.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import ray
@@ -31,6 +37,8 @@ from rldock.runtime.workers import cluster
 from rldock.runtime.workers.pool_engine import PoolEngineWorker, pool_rank
 
 logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 2.0  # how often the pool looks for devices it should start engines on
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,9 @@ class RolloutPool:
         # The engines of the iteration's first sampling round, by position: DAPO's later rounds keep the positions
         # (driver/feed.py merges each position's results over the rounds), a dead engine's taken by a survivor.
         self._positions: list[int] = []
+        self._lock = threading.RLock()  # the watch's thread and the driver's calls
+        self._stop_watching = threading.Event()
+        self._watch: threading.Thread | None = None
         for _ in range(self.replicas):
             self._start_engine()
 
@@ -86,13 +97,31 @@ class RolloutPool:
                 "lower rollout.pool.replicas"
             )
         ray.get(ready)  # an engine that failed to start fails the attempt here, as any worker does
-        self._admit_started()
+        with self._lock:
+            self._admit_started()
+        self._watch = threading.Thread(target=self._watching, name="rollout-pool-watch", daemon=True)
+        self._watch.start()
+
+    def _watching(self) -> None:
+        while not self._stop_watching.wait(WATCH_INTERVAL_S):
+            try:
+                with self._lock:
+                    self._replace_lost()
+            except Exception:  # a cluster call that failed: the next look, or the next rollout, tries again
+                logger.exception("the rollout pool could not look for new devices")
+
+    def close(self) -> None:
+        """Stop watching for devices (before the engines are ended)."""
+        self._stop_watching.set()
+        if self._watch is not None:
+            self._watch.join(timeout=WATCH_INTERVAL_S * 5)
 
     # --- what the attempt's workers ask --------------------------------------------------------
 
     def processes(self) -> list[ActorHandle]:
         """Every engine of the pool, up or starting."""
-        return [*self.engines.values(), *(handle for handle, _ in self.starting.values())]
+        with self._lock:
+            return [*self.engines.values(), *(handle for handle, _ in self.starting.values())]
 
     def update_launched(self) -> None:
         """An update was launched: the next rollout's engines load the version it makes."""
@@ -106,31 +135,37 @@ class RolloutPool:
         if not self._update_launched:
             return
         self._update_launched = False
-        self._newest = self.publisher.published_weights.remote()
-        self._published_version = self._version
-        for engine in self.engines.values():
-            engine.load_weights.remote(self._newest)
+        with self._lock:
+            self._newest = self.publisher.published_weights.remote()
+            self._published_version = self._version
+            for engine in self.engines.values():
+                engine.load_weights.remote(self._newest)
 
     def launch_rollout(self, call: StageCall) -> list[ray.ObjectRef]:
         """The rollout `call` on every engine that is up, after the newest weights (`publish`, called first);
         the futures of their results."""
-        if call.sampling_round == 0:  # engines join and leave the positions between iterations only
-            self._admit_started()
-            self._replace_lost()
-            self._positions = sorted(self.engines)
-        # two iterations are in flight at most (the run-ahead schedule): older calls were gathered
-        self._launched = {ref: ran for ref, ran in self._launched.items() if ran.call.iteration >= call.iteration - 1}
-        if not self.engines:
-            return []
-        return [
-            self._generate(index if index in self.engines else min(self.engines), call, self._published_version)
-            for index in self._positions
-        ]
+        with self._lock:
+            if call.sampling_round == 0:  # engines join and leave the positions between iterations only
+                self._admit_started()
+                self._replace_lost()
+                self._positions = sorted(self.engines)
+            # two iterations are in flight at most (the run-ahead schedule): older calls were gathered
+            self._launched = {r: ran for r, ran in self._launched.items() if ran.call.iteration >= call.iteration - 1}
+            if not self.engines:
+                return []
+            return [
+                self._generate(index if index in self.engines else min(self.engines), call, self._published_version)
+                for index in self._positions
+            ]
 
     def recover(self, ref: ray.ObjectRef, error: Exception) -> ray.ObjectRef | None:
         """After the call behind `ref` found its worker dead: when it was a pool engine's rollout, hand its
         unfinished groups back to the dock and return the future of the same call on a surviving engine
         (None: not a pool engine's call, or no engine is left, and the death fails the attempt)."""
+        with self._lock:
+            return self._recover(ref, error)
+
+    def _recover(self, ref: ray.ObjectRef, error: Exception) -> ray.ObjectRef | None:
         launched = self._launched.pop(ref, None)
         if launched is None:
             return None
@@ -166,6 +201,7 @@ class RolloutPool:
 
     def kill(self) -> None:
         """End every engine of the pool (an attempt that failed before its workers were handed out)."""
+        self.close()
         cluster.end_actors(self.processes())
 
     def _start_engine(self) -> None:
@@ -183,7 +219,10 @@ class RolloutPool:
             policy_version=context.policy_version,
             environment_urls=context.environment_urls,
         )
-        self.starting[index] = (engine, engine.__ray_ready__.remote())
+        ready = engine.__ray_ready__.remote()
+        self.starting[index] = (engine, ready)
+        # said as it happens (the next rollout admits it), so a user sees a new engine come up
+        ready.future().add_done_callback(lambda done: _said_up(index, done))
 
     def _admit_started(self) -> None:
         """Engines that came up join the pool, the newest version loaded first; one that failed to start is dropped."""
@@ -199,8 +238,6 @@ class RolloutPool:
             if self._newest is not None:
                 engine.load_weights.remote(self._newest)
             self.engines[index] = engine
-            if index >= self.replicas:
-                logger.info("rollout pool engine %d is up and generates from this rollout on", index)
 
     def target(self) -> int:
         """The engines the pool should have: the devices of its worker group in an RLJob's RayCluster (the
@@ -224,3 +261,8 @@ class RolloutPool:
                 len(self.starting) - 1,
                 target,
             )
+
+
+def _said_up(index: int, done: Future) -> None:
+    if not done.cancelled() and done.exception() is None:
+        logger.info("rollout pool engine %d is up; the next rollout admits it, the newest weights first", index)
