@@ -68,6 +68,15 @@ def job_config(args, *, model: Path, train_file: Path, carry: bool) -> dict[str,
     }
 
 
+def workload(output: Path) -> tuple[Path, Path]:
+    """The model (heavy_tail.py's, ending about every other token) and the train file of 256 prompts, in `output`."""
+    output.mkdir(parents=True, exist_ok=True)
+    model = eos_heavy_model(output / "model", max_model_len=MAX_MODEL_LEN)
+    train_file = output / "train.jsonl"
+    train_file.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "0"}) + "\n" for i in range(256)))
+    return model, train_file
+
+
 def summary(records: list[dict], *, samples_per_iteration: int) -> dict[str, Any]:
     """Samples per second after the first iteration and over all, and what each iteration trained."""
     seconds = [r["timing"]["iteration"] for r in records]
@@ -99,10 +108,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from rldock.config import parse_job_config
 
-    args.output.mkdir(parents=True, exist_ok=True)
-    model = eos_heavy_model(args.output / "model", max_model_len=MAX_MODEL_LEN)
-    train_file = args.output / "train.jsonl"
-    train_file.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "0"}) + "\n" for i in range(256)))
+    model, train_file = workload(args.output)
     samples = args.groups * args.responses
     report: dict[str, Any] = {}
     with contextlib.redirect_stdout(sys.stderr):  # Ray's forwarded lines too: stdout carries only the JSON

@@ -26,8 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rldock_benchmarks.heavy_tail import eos_heavy_model
-from rldock_benchmarks.heavy_tail_trainer import MAX_MODEL_LEN, job_config
+from rldock_benchmarks.heavy_tail_trainer import job_config, workload
 from rldock_benchmarks.smollm2_learning import log
 from rldock_benchmarks.throughput import run_variant
 
@@ -71,10 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from rldock.config import parse_job_config
 
-    args.output.mkdir(parents=True, exist_ok=True)
-    model = eos_heavy_model(args.output / "model", max_model_len=MAX_MODEL_LEN)
-    train_file = args.output / "train.jsonl"
-    train_file.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "0"}) + "\n" for i in range(256)))
+    model, train_file = workload(args.output)
     samples = args.groups * args.responses
     report: dict[str, Any] = {}
     with contextlib.redirect_stdout(sys.stderr):  # Ray's forwarded lines too: stdout carries only the JSON
