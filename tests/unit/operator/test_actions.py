@@ -233,3 +233,7 @@ def test_the_rollout_pool_is_scaled_to_the_spec_while_the_job_runs_and_before_it
     )
     # a pool added to a running job waits for the next cluster (the spec hash differs): nothing to scale in place
     assert _actions(_facts(spec=_pool_spec(2), job=RUNNING)) == []
+    # under Kueue, whose admitted pod sets are fixed, neither: the change applies with the next cluster
+    kueue = _pool_spec(2)
+    kueue["scheduling"] = {"gang": "kueue", "queue": "q"}
+    assert _actions(_facts(spec=kueue, cluster=_pool_cluster(1), job=RUNNING)) == []

@@ -391,7 +391,8 @@ def test_a_rollout_pool_is_a_worker_group_of_one_device_pods_on_labelled_ray_nod
     assert (pool["replicas"], pool["minReplicas"], pool["maxReplicas"]) == (3, 3, 3)
     params = pool["rayStartParams"]
     assert json.loads(shlex.split(params["resources"])[0]) == {"NPU": 1}
-    assert params["labels"] == f"{POOL_NODE_LABEL}={POOL_NODE_VALUE}"
+    # the group's top-level labels: KubeRay >= 1.5 refuses them in rayStartParams
+    assert pool["labels"] == {POOL_NODE_LABEL: POOL_NODE_VALUE} and "labels" not in params
     template = pool["template"]
     assert template["metadata"]["labels"][LABEL_ROLE] == ROLE_POOL and "affinity" not in template["spec"]
     (container,) = template["spec"]["containers"]
@@ -413,6 +414,12 @@ def test_the_pools_replicas_are_scaled_in_place_and_a_pool_added_needs_a_new_clu
     one, two, none = (build_ray_cluster(job=JOB, spec=spec) for spec in (_with_pool(1), _with_pool(2), _spec()))
     hashes = [c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in (one, two, none)]
     assert hashes[0] == hashes[1] != hashes[2]
+    # Kueue admits fixed pod sets: under it the pool's size is the cluster's, as any other change
+    kueue = {"gang": "kueue", "queue": "q"}
+    one_k, two_k = (build_ray_cluster(job=JOB, spec=_with_pool(n, scheduling=kueue)) for n in (1, 2))
+    assert (
+        one_k["metadata"]["annotations"][ANNOTATION_SPEC_HASH] != two_k["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    )
     assert (pool_group_replicas(one), pool_group_replicas(two), pool_group_replicas(none)) == (1, 2, None)
     scaled = with_pool_replicas(one, 2)
     assert scaled == two["spec"]["workerGroupSpecs"] and pool_group_replicas(one) == 1  # a copy

@@ -38,7 +38,7 @@ class RolloutPoolSpec(Spec):
         default=True,
         description="Whether the actor ranks' engines generate beside the pool's. false: the pool alone generates "
         "and the trainer's devices only train (their engines still run the held-out evaluation). Either way, "
-        "losing the last pool engine fails the attempt as any worker's death does.",
+        "losing the last pool engine waits for another (at most 10 minutes) before it fails the attempt.",
     )
 
 

@@ -155,6 +155,8 @@ def build_pod(cluster: Mapping[str, Any], group: Mapping[str, Any], *, head: boo
     fqdn = head_fqdn(name, namespace)
     ray = spec["containers"][0]
     params = complete_params(group.get("rayStartParams") or {}, head=head, port=port, fqdn=fqdn)
+    if group.get("labels"):  # KubeRay >= 1.5: the group's Ray node labels (it refuses them in rayStartParams)
+        params["labels"] = ",".join(f"{key}={value}" for key, value in sorted(group["labels"].items()))
 
     if not head:
         spec.setdefault("initContainers", []).append(

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from rldock.operator.builders.ray_cluster import pool_group_replicas
+from rldock.operator.builders.ray_cluster import pool_group_replicas, scales_under_kueue
 from rldock.operator.constants import ANNOTATION_SPEC_HASH
 from rldock.operator.facts import RayJobObservation, RoundFacts, Suspension, scheduling_labels
 from rldock.operator.rules import Rule
@@ -135,12 +135,12 @@ def _bring_up(f: RoundFacts) -> list[Action]:
 
 def _scale_pool(f: RoundFacts) -> list[Action]:
     """The pool's worker group to spec.job.rollout.pool.replicas, in place, also while the job runs: the
-    runtime starts an engine on a new pod at its next rollout and hands a removed one's groups to the others
+    runtime starts an engine on a new pod as its Ray node joins and hands a removed one's groups to the others
     (docs/placement.md#the-rollout-pool). A pool added or removed changes the cluster's spec hash instead."""
     pool = None if f.spec is None else f.spec.job.rollout.pool
     had = None if f.cluster is None else pool_group_replicas(f.cluster)
-    if pool is None or had is None or had == pool.replicas:
-        return []
+    if pool is None or had is None or had == pool.replicas or scales_under_kueue(f.valid_spec):
+        return []  # under Kueue the spec hash holds the replicas: a change applies with the next cluster
     return [ScalePool(pool.replicas, had)]
 
 

@@ -5,6 +5,7 @@ back to the dock, the other generates them, a replacement starts on the device i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -61,11 +62,12 @@ class EngineDouble:
         self.version = published.version
         return 0.0
 
-    def generate(self, call: StageCall, *, version: int | None = None) -> StageResult:
+    def generate(self, call: StageCall, *, version: int | None = None, batch_size: int | None = None) -> StageResult:
         assert version in (None, self.version), (version, self.version)
+        assert batch_size is not None  # over the engines up now
         bank = self.banks.bank(call.iteration)
-        if self.index != 0:  # wait for the state: engine 0 took its batch
-            while bank.stats()["controllers"]["rollout"]["handed_out_now"] == 0:
+        if self.index != 0:  # wait for the state: engine 0 took its batch (a cumulative count: it may be dead since)
+            while bank.stats()["controllers"]["rollout"]["samples_handed_out"] == 0:
                 time.sleep(0.01)
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -73,7 +75,6 @@ class EngineDouble:
                 os._exit(1)  # dies holding `indices`
             return TensorDict({"response_ids": torch.full((len(indices), SL), self.version)}, batch_size=[len(indices)])
 
-        batch_size = engine_batch_size(self.cfg, num_actor_ranks=2)
         result = run_stage(
             bank, self.recipe.spec("rollout"), rollout, rank=self.rank, batch_size=batch_size, whole_groups=True
         )
@@ -96,13 +97,8 @@ def ray_session(start_local_ray) -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.mark.parametrize("watch", ["at the next rollout", "by the watch"])
-def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_starts(ray_session, monkeypatch, watch):
-    """The replacement starts at the next rollout's launch or, before it, from the pool's watch (its own thread:
-    a device that appears is taken at once, not at an iteration's pace)."""
-    monkeypatch.setattr(rollout_pool, "PoolEngineWorker", EngineDouble)
-    monkeypatch.setattr(rollout_pool, "WATCH_INTERVAL_S", 0.05 if watch == "by the watch" else 3600)
-    cfg = JobConfig.model_validate(
+def pool_job(*, replicas: int) -> JobConfig:
+    return JobConfig.model_validate(
         {
             "iterations": 2,
             "model": {"path": "unused"},
@@ -114,25 +110,62 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
                 "max_response_length": SL,
                 "learning_rate": 1e-4,
             },
-            "rollout": {"pool": {"replicas": 2, "actors_generate": False}},
+            "rollout": {"pool": {"replicas": replicas, "actors_generate": False}},
         }
     )
-    assert engine_batch_size(cfg, num_actor_ranks=2) == G * N // 2  # the pool alone: half each
+
+
+def context_of(cfg: JobConfig, bank: TransferDock) -> WorkerContext:
+    return WorkerContext(
+        cfg=cfg,
+        recipe=_Recipe(),
+        banks=DockBanks([bank]),
+        policy_dir="unused",
+        reference_dir="unused",
+        adapter_dir=None,
+        policy_version=6,
+    )
+
+
+@contextlib.contextmanager
+def pool_on_a_dock(cfg: JobConfig) -> Iterator[tuple[TransferDock, RolloutPool]]:
+    """A dock of one iteration's prompts and a started pool of `cfg`'s engines (doubles) on it; ended after."""
     bank = TransferDock.create(DockSpec(timeout_s=30), states=STATES, num_samples=G * N, group_size=N)
     pool = None
     try:
         bank.put(torch.arange(G * N), TensorDict({"prompt_ids": torch.zeros(G * N, 2)}, batch_size=[G * N]))
-        context = WorkerContext(
-            cfg=cfg,
-            recipe=_Recipe(),
-            banks=DockBanks([bank]),
-            policy_dir="unused",
-            reference_dir="unused",
-            adapter_dir=None,
-            policy_version=6,
-        )
-        pool = RolloutPool(cfg, context, num_actor_ranks=2, publisher=PublisherDouble.remote())
+        pool = RolloutPool(cfg, context_of(cfg, bank), num_actor_ranks=2, publisher=PublisherDouble.remote())
         pool.wait_up()
+        yield bank, pool
+    finally:
+        if pool is not None:
+            pool.kill()
+        bank.shutdown()
+
+
+def test_the_last_engine_lost_waits_for_another_and_its_groups_are_generated_there(ray_session, monkeypatch):
+    """A pool of one whose engine dies holding its batch: no survivor, so the driver starts an engine on the freed
+    device, waits for it to be up and runs the call there (the attempt goes on)."""
+    monkeypatch.setattr(rollout_pool, "PoolEngineWorker", EngineDouble)
+    monkeypatch.setattr(rollout_pool, "WATCH_INTERVAL_S", 3600)
+    with pool_on_a_dock(pool_job(replicas=1)) as (bank, pool):
+        results = gather_failing_fast({"rollout": pool.launch_rollout(StageCall(1))}, recover=pool.recover)["rollout"]
+        assert [r.metrics["pool_samples"] for r in results] == [{"engine1": G * N}]
+        indices, _ = bank.get("check", ["response_ids"], batch_size=G * N)
+        assert indices.tolist() == list(range(G * N))
+        assert pool.lost == 1 and sorted(pool.engines) == [1]
+
+
+@pytest.mark.parametrize("watch", ["at the next rollout", "by the watch"])
+def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_starts(ray_session, monkeypatch, watch):
+    """The replacement starts at the next rollout's launch or, before it, from the pool's watch (its own thread:
+    a device that appears is taken at once, not at an iteration's pace)."""
+    monkeypatch.setattr(rollout_pool, "PoolEngineWorker", EngineDouble)
+    monkeypatch.setattr(rollout_pool, "WATCH_INTERVAL_S", 0.05 if watch == "by the watch" else 3600)
+    cfg = pool_job(replicas=2)
+    assert engine_batch_size(cfg, num_actor_ranks=2) == G * N // 2  # the pool alone: half each
+    assert engine_batch_size(cfg, num_actor_ranks=2, pool_engines=1) == G * N  # one up: all of it a request
+    with pool_on_a_dock(cfg) as (bank, pool):
         assert sorted(pool.engines) == [0, 1]
         pool.update_launched()  # an update made version 7: the next rollout's engines load it first
         pool.publish()
@@ -151,10 +184,6 @@ def test_a_dead_engines_groups_are_generated_by_the_other_and_a_replacement_star
         else:  # the next rollout starts a replacement on the freed device; it generates once it is up
             pool.launch_rollout(StageCall(2))
             assert list(pool.starting) == [2]
-    finally:
-        if pool is not None:
-            pool.kill()
-        bank.shutdown()
 
 
 def test_an_engine_whose_load_failed_refuses_to_generate_with_older_weights():

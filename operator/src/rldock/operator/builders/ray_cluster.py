@@ -9,7 +9,8 @@ lands there. A job with a rollout pool (`job.rollout.pool`) has a second worker 
 `replicas` pods of one device each, their Ray nodes labelled for the pool (rldock.contract.pool_nodes),
 where the runtime starts the pool's engines and nothing else. Its replicas are left out of the spec
 hash: the operator scales the group in place when the spec's replicas change, also while the job runs
-(`pool_group_replicas`, actions.ScalePool). How the devices are asked for, by the job's `resources`:
+(`pool_group_replicas`, actions.ScalePool), except under Kueue (`scales_under_kueue`). How the devices are
+asked for, by the job's `resources`:
 - `accelerator_resource: NPU` (or any custom name): each worker pod requests `devices_per_node`
   of the device resource, and its `ray start` gets `--resources='{"NPU": n}'`;
 - `accelerator_resource: GPU`: the pods request the same of a GPU device plugin's resource
@@ -128,10 +129,9 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
             {
                 "groupName": POOL_GROUP,
                 **pool_replicas(pool.replicas),
-                "rayStartParams": {
-                    **_device_start_params(spec, devices=1),
-                    "labels": f"{POOL_NODE_LABEL}={POOL_NODE_VALUE}",  # `ray start --labels`
-                },
+                "rayStartParams": _device_start_params(spec, devices=1),
+                # the Ray node labels (`ray start --labels`): KubeRay >= 1.5 takes them here only
+                "labels": {POOL_NODE_LABEL: POOL_NODE_VALUE},
                 "template": _pod_template(job, spec, defaults, role=ROLE_POOL),
             }
         )
@@ -142,7 +142,8 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
             job,
             naming.ray_cluster_name(job.name),
             labels=_gang_labels(spec),
-            annotations={ANNOTATION_SPEC_HASH: _spec_hash(cluster_spec)},
+            # Kueue admits a workload of fixed pod sets: its pool is resized by a new cluster, as other changes
+            annotations={ANNOTATION_SPEC_HASH: _spec_hash(cluster_spec, pool_in_place=not scales_under_kueue(spec))},
         ),
         "spec": cluster_spec,
     }
@@ -231,12 +232,23 @@ def _gang_labels(spec: RLJobSpec) -> dict[str, str]:
     return {}
 
 
-def _spec_hash(cluster_spec: dict[str, Any]) -> str:
+def scales_under_kueue(spec: RLJobSpec) -> bool:
+    """Whether the job's cluster is Kueue's to admit (`scheduling.gang: kueue`): an admitted workload's pod sets
+    are fixed, and a worker group resized under it makes Kueue stop the job and queue it again, so its rollout
+    pool is not scaled in place (a change applies with the next cluster, as any spec change)."""
+    return spec.scheduling.gang is GangScheduler.KUEUE
+
+
+def _spec_hash(cluster_spec: dict[str, Any], *, pool_in_place: bool) -> str:
     # `suspend` is left out: toggling it is a patch of the running cluster, not a new cluster; so are the pool's
-    # replicas, which the operator scales in place.
+    # replicas where the operator scales them in place.
     stable = {k: v for k, v in cluster_spec.items() if k != "suspend"}
     stable["workerGroupSpecs"] = [
-        {k: v for k, v in group.items() if group["groupName"] != POOL_GROUP or k not in pool_replicas(0)}
+        {
+            k: v
+            for k, v in group.items()
+            if not (pool_in_place and group["groupName"] == POOL_GROUP and k in pool_replicas(0))
+        }
         for group in cluster_spec["workerGroupSpecs"]
     ]
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]

@@ -8,6 +8,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from rldock.operator.actions import (
     Action,
     CountRestart,
@@ -80,7 +82,19 @@ def apply(
         )
     elif isinstance(action, ScalePool):
         assert cluster is not None
-        kube.patch("RayCluster", ns, name, {"spec": {"workerGroupSpecs": with_pool_replicas(cluster, action.replicas)}})
+        # The whole list (a merge patch replaces it), on the cluster as read: another writer's change meanwhile
+        # (KubeRay, Kueue's admission) makes the API server refuse it (409), and the next round scales again.
+        patch = {
+            "metadata": {"resourceVersion": cluster["metadata"]["resourceVersion"]},
+            "spec": {"workerGroupSpecs": with_pool_replicas(cluster, action.replicas)},
+        }
+        try:
+            kube.patch("RayCluster", ns, name, patch)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            log.info("%s: the RayCluster changed since it was read; the rollout pool is scaled next round", name)
+            return
         out.event(
             "Normal",
             EventReason.SCALED_ROLLOUT_POOL,

@@ -121,9 +121,10 @@ class WorkerGroups:
         """Each shared device's phases of `iteration`, start and end (s); None without turns."""
         return None if self.turns is None else ray.get(self.turns.timeline.remote(iteration))
 
-    def all(self) -> list:
-        """The job's worker processes (Ray actors), each once: a device worker holds several ranks."""
-        pool = [] if self.pool is None else self.pool.processes()
+    def all(self, *, starting: bool = True) -> list:
+        """The job's worker processes (Ray actors), each once: a device worker holds several ranks; a rollout pool's
+        engines still starting too, unless `starting` is False."""
+        pool = [] if self.pool is None else self.pool.processes(starting=starting)
         return [*distinct_processes([handle for handles in self.ranks.values() for handle in handles]), *pool]
 
     def kill(self) -> None:
@@ -310,11 +311,12 @@ class Attempt:
             )
 
     def processes(self) -> list:
-        """Every Ray actor the attempt started, each once: the workers, the turn keeper, the docks' actors."""
+        """Every Ray actor the attempt started and that is up, each once: the workers, the turn keeper, the docks'
+        actors (not a rollout pool engine still starting, whose start-up the first iteration does not wait for)."""
         workers = self.started()
         assert self.banks is not None  # created before the workers
         turns = [workers.turns] if workers.turns is not None else []
-        return [*workers.all(), *turns, *(actor for dock in self.banks.docks for actor in dock.actors())]
+        return [*workers.all(starting=False), *turns, *(actor for dock in self.banks.docks for actor in dock.actors())]
 
     def startup(self) -> dict | None:
         """timing/startup (rldock.runtime.startup), read now, before the first iteration: the driver's

@@ -10,10 +10,12 @@ handed to them, and an engine's death.
   answers after that update and each engine loads before it generates: a pool engine samples with the version
   the actor ranks' engines sample with, in the sync and the run-ahead schedule alike.
 - A rollout: every engine that is up gets the call and takes whole prompt groups from the dock while any are left,
-  beside the actor ranks' engines (engines/rank_engine.py `engine_batch_size`).
+  beside the actor ranks' engines, in requests of the iteration's samples over the engines up then
+  (engines/rank_engine.py `engine_batch_size`).
 - A death (`recover`, which the stage gather asks): the engine is dropped, what it took and did not finish goes back
   to the dock (TransferDock.hand_back) and a surviving pool engine is asked to generate again; with none left, the
-  death fails the attempt as any worker's does.
+  driver waits (at most PLACEMENT_TIMEOUT_S) for a new one on a device that frees or joins, else the death fails
+  the attempt as any worker's does.
 - Growth (`watch`): every WATCH_INTERVAL_S, and before each rollout, an engine starts for each device the pool should
   have and has none on (a free one on a local Ray; in an RLJob, one of the pool's worker group, which the operator
   scales): a replacement, or an engine on a pod the pool grew by. It generates once it is up, admitted by the next
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -32,6 +35,7 @@ import ray
 from ray.actor import ActorHandle
 
 from rldock.config import JobConfig
+from rldock.runtime.engines.rank_engine import engine_batch_size
 from rldock.runtime.flow.states import ROLLOUT, StageCall, WorkerContext
 from rldock.runtime.workers import cluster
 from rldock.runtime.workers.pool_engine import PoolEngineWorker, pool_rank
@@ -80,7 +84,10 @@ class RolloutPool:
         self._lock = threading.RLock()  # the watch's thread and the driver's calls
         self._stop_watching = threading.Event()
         self._watch: threading.Thread | None = None
-        for _ in range(self.replicas):
+        # In an RLJob, as many as its group's devices now (the operator may have scaled it since the config was
+        # written), at least one (its nodes may still be joining); the watch starts the rest as they join.
+        first = max(1, min(self.replicas, self.target())) if self.on_pool_nodes else self.replicas
+        for _ in range(first):
             self._start_engine()
 
     def wait_up(self, *, timeout_s: float = cluster.PLACEMENT_TIMEOUT_S) -> None:
@@ -106,22 +113,25 @@ class RolloutPool:
         while not self._stop_watching.wait(WATCH_INTERVAL_S):
             try:
                 with self._lock:
+                    if self._stop_watching.is_set():  # closed while it waited for the lock: start nothing
+                        return
                     self._replace_lost()
             except Exception:  # a cluster call that failed: the next look, or the next rollout, tries again
                 logger.exception("the rollout pool could not look for new devices")
 
     def close(self) -> None:
-        """Stop watching for devices (before the engines are ended)."""
+        """Stop watching for devices (before the engines are ended): once the lock is had, the watch starts no
+        engine any more."""
         self._stop_watching.set()
-        if self._watch is not None:
-            self._watch.join(timeout=WATCH_INTERVAL_S * 5)
+        with self._lock:
+            pass
 
     # --- what the attempt's workers ask --------------------------------------------------------
 
-    def processes(self) -> list[ActorHandle]:
-        """Every engine of the pool, up or starting."""
+    def processes(self, *, starting: bool = True) -> list[ActorHandle]:
+        """Every engine of the pool that is up, and those still starting unless `starting` is False."""
         with self._lock:
-            return [*self.engines.values(), *(handle for handle, _ in self.starting.values())]
+            return [*self.engines.values(), *(handle for handle, _ in self.starting.values() if starting)]
 
     def update_launched(self) -> None:
         """An update was launched: the next rollout's engines load the version it makes."""
@@ -158,6 +168,10 @@ class RolloutPool:
                 for index in self._positions
             ]
 
+    def _batch_size(self) -> int:
+        """Samples per dock request of a pool engine, over the engines of this iteration's positions."""
+        return engine_batch_size(self.cfg, num_actor_ranks=self.num_actor_ranks, pool_engines=len(self._positions))
+
     def recover(self, ref: ray.ObjectRef, error: Exception) -> ray.ObjectRef | None:
         """After the call behind `ref` found its worker dead: when it was a pool engine's rollout, hand its
         unfinished groups back to the dock and return the future of the same call on a surviving engine
@@ -186,16 +200,34 @@ class RolloutPool:
             launched.call.iteration,
             len(self.engines),
         )
-        if not self.engines:
+        if not self.engines and not self._wait_for_an_engine():
             return None
         # On a survivor, after what is queued there: in the run-ahead schedule a newer version's load may be, and the
         # groups are then sampled (and tagged) by that version, one newer than the dead engine's.
         return self._generate(min(self.engines), launched.call, None)
 
+    def _wait_for_an_engine(self, timeout_s: float = cluster.PLACEMENT_TIMEOUT_S) -> bool:
+        """The last engine is lost: start one where there is a device (its pod's again, KubeRay's new pod) and wait
+        for it to be up and loaded with the newest version, up to `timeout_s`; whether one is. None can start (no
+        device, or it failed) within that time: the death fails the attempt as any worker's does."""
+        logger.warning("the rollout pool lost its last engine; waiting up to %.0f s for another", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._replace_lost()
+            self._admit_started()
+            if self.engines:
+                return True
+            ready = [ready for _, ready in self.starting.values()]
+            if ready:
+                ray.wait(ready, num_returns=1, timeout=min(WATCH_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+            else:
+                time.sleep(WATCH_INTERVAL_S)
+        return False
+
     # --- the engines ---------------------------------------------------------------------------
 
     def _generate(self, index: int, call: StageCall, version: int | None) -> ray.ObjectRef:
-        ref: ray.ObjectRef = self.engines[index].generate.remote(call, version=version)
+        ref: ray.ObjectRef = self.engines[index].generate.remote(call, version=version, batch_size=self._batch_size())
         self._launched[ref] = _Launched(index, call, version)
         return ref
 

@@ -36,16 +36,18 @@ Weights = Iterable[tuple[str, torch.Tensor]]
 Attach = Callable[[VllmRolloutEngine, Callable[[], Weights]], None]
 
 
-def engine_batch_size(cfg: JobConfig, *, num_actor_ranks: int) -> int:
+def engine_batch_size(cfg: JobConfig, *, num_actor_ranks: int, pool_engines: int | None = None) -> int:
     """Samples one engine asks the dock for at a time. Without a rollout pool, its generation replica's share
     of the iteration (one request per engine). With one, the iteration over every engine, the actor ranks' and
-    the pool's, in whole groups (at least one): an engine that is free asks again while groups are left."""
+    the pool's (`pool_engines` up now; None: rollout.pool.replicas), in whole groups (at least one): an engine
+    that is free asks again while groups are left."""
     tp = cfg.rollout.tensor_parallel_size
     if cfg.rollout.pool is None:
         return cfg.num_samples_per_iteration // num_actor_ranks * tp
     replicas = num_actor_ranks // tp if cfg.rollout.pool.actors_generate else 0
+    engines = replicas + (cfg.rollout.pool.replicas if pool_engines is None else pool_engines)
     group = cfg.rows_per_group
-    return max(cfg.num_samples_per_iteration // (replicas + cfg.rollout.pool.replicas) // group, 1) * group
+    return max(cfg.num_samples_per_iteration // max(engines, 1) // group, 1) * group
 
 
 class RankEngine:

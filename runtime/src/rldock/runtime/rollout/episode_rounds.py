@@ -190,7 +190,9 @@ def episode_stage(
 ) -> StageResult:
     """Run `rollout` (which fills `lengths` and `sums` as it goes) as the rollout stage: its timing with the
     episodes' decode steps and metric sums (`agent`)."""
-    timing = run_rollout_stage(dock, setup, rollout, policy_version=request.policy_version)
+    timing = run_rollout_stage(
+        dock, setup, rollout, policy_version=request.policy_version, batch_size=request.batch_size
+    )
     timing.metrics["decode_steps"] = decode_steps(lengths)
     if sums:
         timing.metrics["agent"] = merged_sums(sums)

@@ -43,5 +43,7 @@ class PlainRollout(RolloutMode):
                 columns[SAMPLED_LOGPROBS] = sampled_logprobs(completions, self.setup.max_response_length)
             return columns
 
-        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
+        timing = run_rollout_stage(
+            dock, self.setup, rollout, policy_version=request.policy_version, batch_size=request.batch_size
+        )
         return timing.with_metrics(decode_steps=decode_steps(lengths))

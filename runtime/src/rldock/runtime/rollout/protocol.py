@@ -108,9 +108,10 @@ class RolloutRequest:
     sampling_round: int = 0
     round_tokens: int | None = None
     ahead: TensorDict | None = None
+    batch_size: int | None = None  # samples per dock request; None: the rank's own (RolloutSetup.batch_size)
 
 
-def request_of(call: StageCall, *, policy_version: int) -> RolloutRequest:
+def request_of(call: StageCall, *, policy_version: int, batch_size: int | None = None) -> RolloutRequest:
     """The rollout request of a stage `call` on an engine holding the weights of `policy_version`."""
     return RolloutRequest(
         iteration=call.iteration,
@@ -118,6 +119,7 @@ def request_of(call: StageCall, *, policy_version: int) -> RolloutRequest:
         sampling_round=call.sampling_round,
         round_tokens=call.round_tokens,
         ahead=call.ahead,
+        batch_size=batch_size,
     )
 
 
@@ -250,16 +252,23 @@ class TimedWrites:
 
 
 def run_rollout_stage(
-    dock: TransferDock, setup: RolloutSetup, fn: StageFn, *, policy_version: int, writes: TimedWrites | None = None
+    dock: TransferDock,
+    setup: RolloutSetup,
+    fn: StageFn,
+    *,
+    policy_version: int,
+    writes: TimedWrites | None = None,
+    batch_size: int | None = None,
 ) -> StageResult:
-    """Run `fn` over this rank's whole groups of the rollout state; what it returns is written tagged
-    with `policy_version`, what it wrote itself through `writes` is moved from compute to dispatch."""
+    """Run `fn` over this rank's whole groups of the rollout state, `batch_size` samples a request (None:
+    the setup's); what it returns is written tagged with `policy_version`, what it wrote itself through
+    `writes` is moved from compute to dispatch."""
     timing = run_stage(
         dock,
         setup.spec,
         fn,
         rank=setup.rank,
-        batch_size=setup.batch_size,
+        batch_size=setup.batch_size if batch_size is None else batch_size,
         whole_groups=True,
         policy_version=policy_version,
     )

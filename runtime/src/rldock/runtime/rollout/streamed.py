@@ -59,5 +59,12 @@ class StreamedRollout(RolloutMode):
                     finished = []
             return None  # every group was written above
 
-        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version, writes=writes)
+        timing = run_rollout_stage(
+            dock,
+            self.setup,
+            rollout,
+            policy_version=request.policy_version,
+            writes=writes,
+            batch_size=request.batch_size,
+        )
         return timing.with_metrics(decode_steps=decode_steps(lengths))

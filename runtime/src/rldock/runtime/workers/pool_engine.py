@@ -78,16 +78,17 @@ class PoolEngineWorker:
         self.last_load = {"pool_publish_copy_s": published.copy_s, "pool_weights_load_s": loaded_s}
         return loaded_s
 
-    def generate(self, call: StageCall, *, version: int | None = None) -> StageResult:
+    def generate(self, call: StageCall, *, version: int | None = None, batch_size: int | None = None) -> StageResult:
         """Whole prompt groups of the rollout state into the dock while any are left, sampled by the version
         this engine holds (ActorWorker.generate's, without a device turn: the device is the engine's). `version`:
-        the one it must hold (a load that failed leaves an older one, which must not sample unnoticed)."""
+        the one it must hold (a load that failed leaves an older one, which must not sample unnoticed);
+        `batch_size`: samples per dock request, over the engines up now (None: over rollout.pool.replicas)."""
         if version is not None and version != self.policy_version:
             raise RuntimeError(
                 f"rollout pool engine {self.index} holds policy version {self.policy_version}, not {version}: "
                 "its last load of the published weights failed (see its error above)"
             )
-        request = request_of(call, policy_version=self.policy_version)
+        request = request_of(call, policy_version=self.policy_version, batch_size=batch_size)
         result = self.rollout.generate(self.engine, self.banks.bank(call.iteration), request)
         last_load, self.last_load = self.last_load, {}
         # by engine, as a dict: DAPO's rounds merge a position's results key by key (driver/feed.py)
