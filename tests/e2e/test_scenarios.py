@@ -687,7 +687,8 @@ def test_the_rollout_pool_grows_and_shrinks_while_the_job_runs_and_a_lost_pool_p
         scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", json.dumps(patch))
 
     def admitted(index: int) -> dict[str, Any]:
-        """The record of the third iteration after the driver said engine `index` is up."""
+        """The record of the third iteration after the driver said engine `index` is up, the engine having
+        generated in one of those three (a free engine takes whole groups while any are left)."""
         scenario.wait(
             f"rollout pool engine {index} up",
             lambda: f"rollout pool engine {index} is up" in scenario.driver_log(name),
@@ -698,7 +699,9 @@ def test_the_rollout_pool_grows_and_shrinks_while_the_job_runs_and_a_lost_pool_p
         scenario.wait(
             f"iteration {done + 3} done", lambda: len(scenario.metrics(name)) >= done + 3, timeout=RUN_TIMEOUT
         )
-        return scenario.metrics(name)[done + 2]
+        after = scenario.metrics(name)[done : done + 3]
+        assert sum(r["rollout/pool_engine_samples"].get(f"engine{index}", 0) for r in after) > 0, after
+        return after[-1]
 
     # 1. Grow.
     scale(2)
