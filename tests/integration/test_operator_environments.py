@@ -284,7 +284,9 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
             {
                 "podSelector": {
                     "matchLabels": {"rldock.io/rljob": name},
-                    "matchExpressions": [{"key": "rldock.io/role", "operator": "In", "values": ["head", "worker"]}],
+                    "matchExpressions": [
+                        {"key": "rldock.io/role", "operator": "In", "values": ["head", "worker", "pool"]}
+                    ],
                 }
             }
         ]

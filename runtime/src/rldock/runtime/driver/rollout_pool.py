@@ -1,8 +1,9 @@
 """The rollout pool as the driver keeps it (rollout.pool): its engines (workers/pool_engine.py), the policy versions
 handed to them, and an engine's death.
 
-- Start: `rollout.pool.replicas` engines, each a Ray actor asking for one device outside the job's placement group
-  (the pool's devices are apart from the trainer's), waited for like the other workers.
+- Start: `rollout.pool.replicas` engines (in an RLJob, as many as its pool group's devices allow now, at least one),
+  each a Ray actor asking for one device outside the job's placement group (the pool's devices are apart from the
+  trainer's), waited for like the other workers.
 - Weights: once an update has been launched, the next rollout's launch first queues actor rank 0's
   `published_weights` (before rank 0's own rollout, which the pool's engines then need not wait for) and hands
   its answer to every engine's `load_weights`. Ray resolves it on each engine from the object store (the
