@@ -656,6 +656,7 @@ def _pool_ready(scenario: Scenario, name: str, count: int) -> bool:
     return len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods)
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget (100.5 s in the CI at eeb86cb); README, "slow"
 def test_the_rollout_pool_grows_and_shrinks_while_the_job_runs_and_a_lost_pool_pod_costs_its_engine(
     scenario: Scenario,
 ) -> None:
