@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from rljob_testing import spec_dict
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
@@ -1098,3 +1099,43 @@ def test_agents_get_their_runner_gateway_policy_and_deployment_and_go_when_they_
     done = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER], status=submitted.status))
     assert done.status["phase"] == "Succeeded"
     assert kube.objects[("Deployment", _agent("solver"))]["spec"]["replicas"] == 0
+
+
+def _with_pool(replicas: int) -> dict[str, Any]:
+    job = spec_dict()["job"]
+    job["rollout"] = {"pool": {"replicas": replicas}}
+    return job
+
+
+def test_the_rollout_pool_is_scaled_in_place_while_the_job_runs_and_a_conflict_waits_for_the_next_round(world):
+    """spec.job.rollout.pool.replicas 1 -> 2 on a running job: the RayCluster's `pool` group is patched in place
+    (no new cluster, no restart, Event ScaledRolloutPool), on the cluster as read (its resourceVersion); a patch
+    the API server refuses as stale (409) is tried again by the next round."""
+    reconciler, kube, jobs = world
+    first = reconciler.reconcile(body(job=_with_pool(1)))
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status, job=_with_pool(1)))
+    jobs.jobs[submitted.status["rayJobId"]]["status"] = "RUNNING"
+    running = reconciler.reconcile(body(status=submitted.status, job=_with_pool(1)))
+    cluster = kube.objects[("RayCluster", NAME)]
+    cluster["metadata"]["resourceVersion"] = "7"
+    patched: list[Mapping[str, Any]] = []
+    patch = kube.patch
+
+    def stale_once(kind: str, namespace: str, name: str, body_: Mapping[str, Any]) -> dict[str, Any]:
+        if kind == "RayCluster":
+            patched.append(body_)
+            if len(patched) == 1:
+                raise ApiException(status=409, reason="Conflict")
+        return patch(kind, namespace, name, body_)
+
+    kube.patch = stale_once
+    refused = reconciler.reconcile(body(status=running.status, job=_with_pool(2)))
+    assert refused.status["phase"] == "Running" and "ScaledRolloutPool" not in [e.reason.value for e in refused.events]
+    scaled = reconciler.reconcile(body(status=refused.status, job=_with_pool(2)))
+    assert "ScaledRolloutPool" in [e.reason.value for e in scaled.events]
+    assert [p["metadata"]["resourceVersion"] for p in patched] == ["7", "7"]
+    (pool,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "pool"]
+    assert (pool["replicas"], pool["minReplicas"], pool["maxReplicas"]) == (2, 2, 2)
+    assert scaled.status["phase"] == "Running" and scaled.status["restartCount"] == 0
+    assert ("RayCluster", NAME) in kube.objects and not [w for w in kube.writes if w[0] == "delete"]

@@ -84,8 +84,9 @@ def apply(
         assert cluster is not None
         # The whole list (a merge patch replaces it), on the cluster as read: another writer's change meanwhile
         # (KubeRay, Kueue's admission) makes the API server refuse it (409), and the next round scales again.
+        version = cluster["metadata"].get("resourceVersion")  # the API server's objects always have one
         patch = {
-            "metadata": {"resourceVersion": cluster["metadata"]["resourceVersion"]},
+            **({"metadata": {"resourceVersion": version}} if version else {}),
             "spec": {"workerGroupSpecs": with_pool_replicas(cluster, action.replicas)},
         }
         try:
