@@ -81,7 +81,7 @@ def test_the_rollout_pools_pods_are_apart_from_the_trainers_workers():
         entry["metadata"]["labels"]["ray.io/group"] = "pool"
     summary = summarize_pods([pod("c-head-a", "head"), pod("c-workers-worker-b", "worker"), *pool])
     assert [w.name for w in summary.workers] == ["c-workers-worker-b"] and summary.ready_workers == 1
-    assert summary.ready_pool == 1 and summary.pool_unschedulable == (message,) and summary.unschedulable == ()
+    assert summary.pool_unschedulable == (message,) and summary.unschedulable == ()
     assert lost_workers(summary, num_workers=1, attempt_workers=frozenset({"c-workers-worker-b"})) == []
 
 

@@ -67,9 +67,9 @@ class PodSummary:
     ready_workers: int = 0
     workers: tuple[WorkerPod, ...] = ()  # the trainer's worker group's (WORKER_GROUP)
     unschedulable: tuple[str, ...] = ()  # the scheduler's messages, one per pod it cannot place
-    # The rollout pool's worker group (POOL_GROUP), apart: its pods come and go as it is scaled, and an engine
-    # lost with one costs that engine, not the attempt (rldock.runtime.driver.rollout_pool).
-    ready_pool: int = 0
+    # The rollout pool's worker group (POOL_GROUP) is apart: its pods come and go as it is scaled, and an engine
+    # lost with one costs that engine, not the attempt (rldock.runtime.driver.rollout_pool). Its pods the
+    # scheduler cannot place show in the condition but hold back no submission.
     pool_unschedulable: tuple[str, ...] = ()
 
 
@@ -96,7 +96,7 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
     head_scheduled, head_running, head_ready = False, False, False
     workers: list[WorkerPod] = []
     unschedulable: list[str] = []
-    ready_pool, pool_unschedulable = 0, list[str]()
+    pool_unschedulable: list[str] = []
     head_terminating: str | None = None
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status", {})
@@ -112,7 +112,6 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
             message = scheduled.get("message") or f"pod {meta['name']} cannot be scheduled"
             (pool_unschedulable if in_pool else unschedulable).append(message)
         if in_pool:
-            ready_pool += _ready(pod)
             continue
         node_type = labels.get(LABEL_RAY_NODE_TYPE)
         if node_type == RAY_NODE_TYPE_HEAD:
@@ -141,7 +140,6 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
         ready_workers=sum(w.ready for w in workers),
         workers=tuple(workers),
         unschedulable=tuple(unschedulable),
-        ready_pool=ready_pool,
         pool_unschedulable=tuple(pool_unschedulable),
     )
 

@@ -52,7 +52,6 @@ class _Launched:
 
     index: int
     call: StageCall
-    version: int | None  # the policy version the engine must hold (None: whatever it holds, a rerun's)
 
 
 class RolloutPool:
@@ -229,7 +228,7 @@ class RolloutPool:
 
     def _generate(self, index: int, call: StageCall, version: int | None) -> ray.ObjectRef:
         ref: ray.ObjectRef = self.engines[index].generate.remote(call, version=version, batch_size=self._batch_size())
-        self._launched[ref] = _Launched(index, call, version)
+        self._launched[ref] = _Launched(index, call)
         return ref
 
     def kill(self) -> None:
