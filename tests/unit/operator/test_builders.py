@@ -410,6 +410,22 @@ def test_a_rollout_pool_is_a_worker_group_of_one_device_pods_on_labelled_ray_nod
     )
 
 
+def test_a_pool_pod_is_a_workers_share_per_device_unless_sized():
+    """A pool pod holds one device: by default a worker pod's CPU and memory over its devices, at least a core."""
+
+    def amounts(spec: RLJobSpec) -> tuple[dict, dict]:
+        workers, pool = build_ray_cluster(job=JOB, spec=spec)["spec"]["workerGroupSpecs"]
+        return tuple(group["template"]["spec"]["containers"][0]["resources"]["limits"] for group in (workers, pool))
+
+    worker, pool = amounts(_with_pool(2, cluster={"worker": {"cpu": 32, "memory": "256Gi"}}))
+    assert (worker["cpu"], worker["memory"], worker["huawei.com/Ascend910"]) == ("32", "256Gi", "8")
+    assert pool == {"cpu": "4000m", "memory": "32768Mi", "huawei.com/Ascend910": "1"}
+    _, small = amounts(_with_pool(2, cluster={"worker": {"cpu": "1500m", "memory": "3Gi"}}))
+    assert (small["cpu"], small["memory"]) == ("1000m", "384Mi")  # at least a core
+    _, sized = amounts(_with_pool(2, cluster={"pool": {"cpu": 6, "memory": "48Gi"}}))
+    assert (sized["cpu"], sized["memory"]) == ("6", "48Gi")
+
+
 def test_the_pools_replicas_are_scaled_in_place_and_a_pool_added_needs_a_new_cluster():
     one, two, none = (build_ray_cluster(job=JOB, spec=spec) for spec in (_with_pool(1), _with_pool(2), _spec()))
     hashes = [c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in (one, two, none)]

@@ -365,6 +365,17 @@ def test_terminal_phases_stick():
     assert _compute(RUNNING, previous=failed, restart_count=3, now=LATER)["phase"] == "Failed"
 
 
+def test_a_provisioning_clusters_workers_count_the_rollout_pools_pods():
+    """KubeRay's readyWorkerReplicas counts every worker group's pods, the pool's among them."""
+    job = spec_dict()["job"]
+    job["rollout"] = {"pool": {"replicas": 2}}
+    status = _compute(_seen(ray_cluster={**STARTING, "readyWorkerReplicas": 3}), spec=_spec(job=job))
+    (ready,) = [c for c in status["conditions"] if c["type"] == "ClusterReady"]
+    assert ready["message"] == "3/4 (the trainer's 2, the rollout pool's 2) workers ready", ready
+    plain = _compute(_seen(ray_cluster=STARTING))
+    assert [c["message"] for c in plain["conditions"] if c["type"] == "ClusterReady"] == ["1/2 workers ready"]
+
+
 def test_fixing_an_invalid_spec_starts_the_job():
     invalid = _compute(_seen(problems=(Problem("spec.checkpoint", "set exactly one"),)))
     assert "completionTime" in invalid

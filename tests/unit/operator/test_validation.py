@@ -63,6 +63,8 @@ def test_a_valid_spec_has_no_problems():
         ("cluster.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.cluster.tolerations[0].key"),
         ("cluster.nodeSelector", {"-bad": "x"}, "spec.cluster.nodeSelector[-bad]"),
         ("cluster.nodeSelector", {"zone": "not valid!"}, "spec.cluster.nodeSelector[zone]"),
+        # A rollout pool's pods sized for a job without a pool.
+        ("cluster.pool", {"cpu": 4, "memory": "32Gi"}, "spec.cluster.pool"),
         # Scheduling.
         ("scheduling", {"gang": "kueue"}, "spec.scheduling.queue"),
         ("scheduling", {"queue": "q"}, "spec.scheduling.queue"),
@@ -97,6 +99,14 @@ def test_problems_name_the_field(path, value, problem_at):
 )
 def test_valid_variants_pass(path, value):
     assert _paths(set_path(spec_dict(), path, value)) == []
+
+
+def test_a_rollout_pools_pod_size_is_checked_as_the_workers_is():
+    raw = set_path(spec_dict(), "job.rollout", {"pool": {"replicas": 2}})
+    assert _paths(set_path(raw, "cluster.pool", {"cpu": "500m", "memory": "16Gi"})) == []
+    _, problems = parse_spec(set_path(raw, "cluster.pool", {"cpu": "2k", "memory": "8Gi"}))
+    assert [p.path for p in problems] == ["spec.cluster.pool.cpu"]
+    assert 'such as 4, "0.5" or "500m"' in problems[0].message
 
 
 def test_every_problem_is_reported_at_once():

@@ -351,6 +351,12 @@ class ClusterSpec(_Model):
         default_factory=lambda: PodResources(cpu=32, memory="256Gi"),
         description="Each worker pod (one per node), besides its devices. Default: cpu 32, memory 256Gi.",
     )
+    pool: PodResources | None = Field(
+        default=None,
+        description="Each rollout pool pod (`job.rollout.pool`: one device and one generation engine), besides "
+        "its device. Unset: a worker pod's share per device, `worker` divided by `job.resources.devices_per_node` "
+        "(at least one core), since a pool pod holds one device where a worker holds a node's.",
+    )
     node_selector: dict[str, Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]] = Field(
         default_factory=dict, description="Node labels every Ray pod requires."
     )

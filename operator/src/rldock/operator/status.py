@@ -444,11 +444,18 @@ def _cluster_ready(f: RoundFacts, out: _Updates) -> _Cluster:
     if status.get("state") == RAY_STATE_READY or kuberay_conditions.get(RAY_CONDITION_PROVISIONED) == "True":
         out.set(ConditionType.CLUSTER_READY, True, Reason.RAY_CLUSTER_READY, f"head and {num_workers} worker(s) ready")
         return _Cluster(ready=True, waiting_for_admission=False)
+    # KubeRay counts the rollout pool's pods among its ready workers (every worker group's)
+    pool = f.valid_spec.job.rollout.pool
+    expected = (
+        f"{num_workers + pool.replicas} (the trainer's {num_workers}, the rollout pool's {pool.replicas})"
+        if pool
+        else num_workers
+    )
     out.set(
         ConditionType.CLUSTER_READY,
         False,
         Reason.RAY_CLUSTER_PROVISIONING,
-        f"{status.get('readyWorkerReplicas') or 0}/{num_workers} workers ready",
+        f"{status.get('readyWorkerReplicas') or 0}/{expected} workers ready",
     )
     return _Cluster(ready=False, waiting_for_admission=False)
 

@@ -98,11 +98,20 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     job_problems = find_problems(job)
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in job_problems]
     problems += _device_problems(spec)
-    for role in ("head", "worker"):
+    for role in ("head", "worker", "pool"):
+        pod = getattr(spec.cluster, role)
         try:
-            cpu_cores(getattr(spec.cluster, role).cpu)
+            if pod is not None:
+                cpu_cores(pod.cpu)
         except ValueError as error:
             problems.append(Problem(f"spec.cluster.{role}.cpu", str(error)))
+    if spec.cluster.pool is not None and spec.job.rollout.pool is None:
+        problems.append(
+            Problem(
+                "spec.cluster.pool",
+                "sizes the rollout pool's pods, but the job has none: set spec.job.rollout.pool or remove this",
+            )
+        )
     problems += _node_selector_problems(spec.cluster.node_selector)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problems(toleration, f"spec.cluster.tolerations[{index}]")

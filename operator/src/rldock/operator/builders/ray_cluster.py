@@ -6,11 +6,11 @@ pod anti-affinity, each taking the node's `devices_per_node` devices through the
 extended resource and advertising them to Ray as `job.resources.accelerator_resource`. The
 runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
 lands there. A job with a rollout pool (`job.rollout.pool`) has a second worker group, `pool`:
-`replicas` pods of one device each, their Ray nodes labelled for the pool (rldock.contract.pool_nodes),
-where the runtime starts the pool's engines and nothing else. Its replicas are left out of the spec
-hash: the operator scales the group in place when the spec's replicas change, also while the job runs
-(`pool_group_replicas`, actions.ScalePool), except under Kueue (`scales_under_kueue`). How the devices are
-asked for, by the job's `resources`:
+`replicas` pods of one device each (sized by `pool_pod_resources`), their Ray nodes labelled for the
+pool (rldock.contract.pool_nodes), where the runtime starts the pool's engines and nothing else. Its
+replicas are left out of the spec hash: the operator scales the group in place when the spec's replicas
+change, also while the job runs (`pool_group_replicas`, actions.ScalePool), except under Kueue
+(`scales_under_kueue`). How the devices are asked for, by the job's `resources`:
 - `accelerator_resource: NPU` (or any custom name): each worker pod requests `devices_per_node`
   of the device resource, and its `ray start` gets `--resources='{"NPU": n}'`;
 - `accelerator_resource: GPU`: the pods request the same of a GPU device plugin's resource
@@ -49,7 +49,7 @@ from pydantic import BaseModel
 from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE, POOL_NODES_ENV
 from rldock.contract.runtime_cli import PREEMPT_NOTICE_FILE, preempt_argv
 from rldock.operator import naming
-from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
+from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores, quantity_amount
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
 from rldock.operator.builders.ray_job import output_dir
 from rldock.operator.constants import (
@@ -94,6 +94,7 @@ from rldock.operator.constants import (
 )
 
 _HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+MEBIBYTE = 2**20
 
 
 def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults = PodDefaults()) -> dict[str, Any]:
@@ -316,8 +317,8 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
 
 
 def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
-    if role in (ROLE_WORKER, ROLE_POOL):  # a pool pod: the worker's CPU and memory, one device
-        amounts = _cpu_memory(spec.cluster.worker)
+    if role in (ROLE_WORKER, ROLE_POOL):
+        amounts = _cpu_memory(spec.cluster.worker if role == ROLE_WORKER else pool_pod_resources(spec))
         devices = device_resource(spec, defaults)
         if devices is not None:
             amounts[devices] = str(spec.job.resources.devices_per_node if role == ROLE_WORKER else 1)
@@ -391,6 +392,18 @@ def environment_token_env(job: RLJobRef) -> dict[str, Any]:
 def _dump(model: BaseModel) -> dict[str, Any]:
     """A spec model as the core/v1 object it mirrors (camelCase, unset fields left out)."""
     return model.model_dump(by_alias=True, exclude_none=True)
+
+
+def pool_pod_resources(spec: RLJobSpec) -> PodResources:
+    """A rollout pool pod's CPU and memory: `spec.cluster.pool`, else a worker pod's share per device (the
+    worker's amounts over `devices_per_node`, CPU in whole millicores and at least one core, memory in whole
+    MiB): a pool pod holds one device and its engine, where a worker holds a node's devices and its ranks."""
+    if spec.cluster.pool is not None:
+        return spec.cluster.pool
+    worker, devices = spec.cluster.worker, spec.job.resources.devices_per_node
+    millicores = max(int(quantity_amount(worker.cpu) * 1000) // devices, 1000)
+    mebibytes = int(quantity_amount(worker.memory)) // devices // MEBIBYTE
+    return PodResources(cpu=f"{millicores}m", memory=f"{mebibytes}Mi")
 
 
 def _cpu_memory(pod: PodResources) -> dict[str, str]:
