@@ -44,6 +44,7 @@ class RecordingLlmDouble:
 def _engine_double(dtype: str, tensor_parallel_size: int) -> VllmRolloutEngine:
     engine = VllmRolloutEngine.__new__(VllmRolloutEngine)  # no vLLM: only update_weights runs
     engine.dtype, engine.tensor_parallel_size, engine.model_type = dtype, tensor_parallel_size, "qwen2"
+    engine.weights_by_plan = False  # through vLLM's reload, which the double records
     engine._llm = RecordingLlmDouble()
     engine.memory = SleepCycle(engine._llm, level=1, enabled=False)
     return engine

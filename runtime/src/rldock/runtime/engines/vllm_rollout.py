@@ -63,7 +63,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +73,7 @@ import torch
 
 from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
+from rldock.runtime.engines.cpu_weight_reload import forget_plan, load_by_plan, try_plan
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.models.moe import unfuse_experts
 from rldock.runtime.planning.cpu_kv_cache import cpu_kv_cache_bytes
@@ -82,6 +83,7 @@ from rldock.runtime.planning.shapes import shape_from_hf_config
 logger = logging.getLogger(__name__)
 
 _CPU_STEP_TOKENS = 4096  # vLLM's own CPU default for prompt tokens per engine step
+_PROBE_PROMPT_TOKENS = 8  # the greedy generation that checks a weight-update plan (`_load_in_process`)
 
 # Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
 # in which weights can be handed to the worker as live tensors.
@@ -272,6 +274,14 @@ class VllmRolloutEngine:
             logger.info("vLLM generates in %s (model.dtype %s is the trainer's)", self.dtype, dtype)
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
         self.model_type = model_config.get("model_type", "")
+        text_config = model_config.get("text_config", {})
+        self._vocab_size = int(
+            model_config.get("vocab_size") or text_config.get("vocab_size", _PROBE_PROMPT_TOKENS + 2)
+        )
+        # Whether weight updates go by a plan of copies (cpu_weight_reload.py): None until the first update tried
+        # it, which only an in-process CPU engine does (an accelerator's sleeps between phases, and the check's
+        # generation would wake it in the middle of an update)
+        self.weights_by_plan: bool | None = None if device.engine_kind == "cpu" and tp == 1 else False
         engine_args: dict = dict(
             model=str(model_dir),
             dtype=self.dtype,
@@ -545,8 +555,10 @@ class VllmRolloutEngine:
         own `load_weights` maps them (fused qkv / gate_up, tied embeddings) inside the reload
         wrapper, which first restores the weight loaders that post-load processing strips (a bare
         `load_weights` on the running model fails: "'Parameter' object has no attribute
-        'weight_loader'") and re-runs that processing after. Cached KV blocks were computed with
-        the old weights, so the prefix cache is dropped.
+        'weight_loader'") and re-runs that processing after. An in-process CPU engine goes by a plan of
+        copies instead once its first update showed the plan leaves the engine as that reload does
+        (cpu_weight_reload.py). Cached KV blocks were computed with the old weights, so the prefix cache is
+        dropped.
         """
         start = time.perf_counter()
         # MoE: the Hub's per-expert tensors, as vLLM loads them
@@ -557,9 +569,8 @@ class VllmRolloutEngine:
             if self.tensor_parallel_size == 1:
                 # In-process executor: the callable runs on the worker here, so the iterator
                 # reaches it as is (no pickling of tensors); each tensor is cast as it is loaded.
-                weights: Iterable[tuple[str, torch.Tensor]] = (
-                    (name, tensor.to(dtype)) for name, tensor in named_tensors
-                )
+                pairs = list(named_tensors)
+                self._load_in_process(lambda: ((name, tensor.to(dtype)) for name, tensor in pairs))
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
                 # into its own host storage first: pickling a view (of the gathered buffer, or a
@@ -567,13 +578,46 @@ class VllmRolloutEngine:
                 # worker on that device kind (pickling reads it through the host anyway). vLLM's
                 # loaders narrow each to their rank and copy it onto the worker's device.
                 weights = [(name, tensor.detach().to("cpu", dtype=dtype, copy=True)) for name, tensor in named_tensors]
-            self._llm.collective_rpc(_reload_on_worker, args=(iter(weights),))
+                self._llm.collective_rpc(_reload_on_worker, args=(iter(weights),))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.memory.after_weight_update()
         seconds = time.perf_counter() - start
         logger.debug("vLLM weight update took %.3f s", seconds)
         return seconds
+
+    def _load_in_process(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
+        """Load `weights()` (a fresh iterator per call) into the in-process worker: by a plan of copies once the
+        first update showed it gives what vLLM's reload gives, else through vLLM's reload (cpu_weight_reload.py)."""
+        if self.weights_by_plan:
+            self._llm.collective_rpc(load_by_plan, args=(weights(),))
+            return
+        self._llm.collective_rpc(_reload_on_worker, args=(weights(),))
+        if self.weights_by_plan is not None:  # tried at the first update, and refused
+            return
+        probe = self._probe()
+        ((reason, changed),) = self._llm.collective_rpc(try_plan, args=(list(weights()),))
+        if reason is None and self._probe() != probe:
+            reason = "a greedy generation differed from vLLM's reload's"
+            self._llm.collective_rpc(forget_plan)
+        self.weights_by_plan = reason is None
+        if reason is None:
+            logger.info(
+                "weight updates go by a plan of copies: it left the parameters and a greedy generation as vLLM's reload"
+            )
+            return
+        logger.info("weight updates go through vLLM's reload: %s", reason)
+        if changed:
+            self._llm.collective_rpc(_reload_on_worker, args=(weights(),))
+
+    def _probe(self) -> list[tuple[list[int], list[float] | None]]:
+        """Tokens and logprobs of a short greedy generation, drawing nothing from the engine's stream (the
+        stream is put back: what the job samples next is what it would have sampled without the probe)."""
+        stream = None if self._rng_state is None else self._rng_state.clone()
+        prompt = list(range(1, min(_PROBE_PROMPT_TOKENS, self._vocab_size - 1) + 1))
+        (completions,) = self.sample([prompt], n=1, max_tokens=4, eos_token_id=0, seed=0, greedy=True, logprobs=True)
+        self._rng_state = stream
+        return [(c.token_ids, c.logprobs) for c in completions]
 
     def shutdown(self) -> None:
         """Stop the engine and free its memory; call it last in the process.
