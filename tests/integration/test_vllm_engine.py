@@ -200,6 +200,26 @@ def test_on_cpu_the_sleep_cycle_runs_without_engine_calls(engine):
     assert engine.memory.log[-3:] == ["sleep(level=1)", "wake_up(tags=['weights'])", "wake_up(tags=['kv_cache'])"]
 
 
+def test_a_first_update_at_sleep_level_2_checks_its_plan_without_waking_the_engine(engine, tiny_model_dir):
+    """The first update's check of its plan of copies generates mid-update (engines/cpu_weight_reload.py). At
+    rollout.sleep_level 2 a wake-up after a sleep pushes the weights again, and that push would be a first
+    update too: the check generates without the sleep cycle, so the update neither wakes the engine nor recurses."""
+    from rldock.runtime.engines.generation_memory import SleepCycle
+
+    model, kept, pushes = _hf_model(tiny_model_dir), engine.memory, []
+    engine.memory = SleepCycle(engine._llm, level=2, enabled=False)
+    engine.memory.reload = lambda: pushes.append(engine.update_weights(model.state_dict().items()))
+    try:
+        engine.weights_by_plan = None  # as at an engine's first update
+        engine.sleep()  # at level 2 the weights are stale until pushed
+        engine.update_weights(model.state_dict().items())
+        assert engine.weights_by_plan is True and pushes == [] and engine.memory.state == "weights"
+        engine.generate([PROMPTS[0]], n=1, max_tokens=2, eos_token_id=EOS, seed=0)
+        assert pushes == [] and engine.memory.state == "awake"  # the update's weights were not stale
+    finally:
+        engine.memory = kept
+
+
 def test_engine_leaves_torch_thread_control_to_the_process(engine):
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the engine puts it back.
     threads = torch.get_num_threads()

@@ -153,3 +153,21 @@ def test_what_the_plan_does_not_know_gives_no_plan_and_names_it():
     moe = Decoder()
     moe.model.layers[0].mlp.down_proj.quant_method = FusedMoEMethod()
     assert "with FusedMoEMethod, whose weights this plan does not process" in refusal(moe, shapes)
+
+
+def test_a_push_of_other_names_than_the_plans_is_refused():
+    weights = checkpoint()
+    plan = ReloadPlan.of(Decoder(), shapes_of(weights))
+    assert isinstance(plan, ReloadPlan)
+    items = list(weights.items())
+    for pushed, says in [
+        ([*items, ("model.extra.weight", torch.zeros(1))], "no name the plan was built for"),
+        ([*items, items[0]], "pushed twice"),
+        (items[1:], "missing ['model.embed_tokens.weight']"),
+    ]:
+        try:
+            plan.load(pushed)
+        except ValueError as error:
+            assert says in str(error), error
+        else:
+            raise AssertionError(f"{says}: loaded")

@@ -19,11 +19,14 @@ tied LM head, are processed again too.
 A plan exists only where every piece is one this module knows: a dense model (every layer it writes unquantized,
 linear or embedding; a fused MoE layer or a quantized one gives no plan), at generation TP 1 (the checkpoint's
 tensors whole), every checkpoint tensor with a place and every parameter written (or tied to one written). The
-engine trusts a plan only after the first update showed it gives the same engine (`VllmRolloutEngine
-.update_weights`): vLLM's reload first, then the plan with the same weights, then every parameter compared
-bitwise and a greedy generation's tokens and logprobs too, which also covers what no parameter shows (a
-latent attention's absorbed matrices, say). Any difference keeps vLLM's reload for the engine's lifetime,
-logged with what differed.
+engine trusts a plan only after its first update showed it gives the same engine (`VllmRolloutEngine
+._choose_the_way`): the plan loads the new weights over the previous ones, then vLLM's reload loads them again,
+and every parameter and a short greedy generation's tokens and logprobs must be bitwise what the plan left.
+Loading over the previous weights is what lets the generation show state the plan would leave stale (a layer
+whose processing it does not run again), which no parameter shows. Any difference keeps vLLM's reload for the
+engine's lifetime, logged with what differed; the engine is left as vLLM's reload leaves it either way. What the
+check costs, once: the plan's load, a load through vLLM's reload, two generations of 4 tokens and a copy of the
+parameters.
 """
 
 from __future__ import annotations
@@ -159,18 +162,20 @@ class ReloadPlan:
         """Copy `weights` (every name the plan was built for) to their places and process the layers again."""
         modules = dict(self.model.named_modules())
         fresh = {path: torch.empty(shape, dtype=_dtype_of(modules[path])) for path, shape in self.rebuilt.items()}
-        seen = 0
+        seen: set[str] = set()
         with torch.no_grad():
             for name, tensor in weights:
-                place = self.places[name]
+                place = self.places.get(name)
+                if place is None or name in seen:  # the checkpoint's names are the same at every update
+                    raise ValueError(f"{name} is {'pushed twice' if place else 'no name the plan was built for'}")
+                seen.add(name)
                 rows = slice(place.offset, place.offset + place.rows)
                 if place.module in fresh and place.param == "weight":
                     fresh[place.module][rows].copy_(tensor)
                 else:
                     getattr(modules[place.module], place.param).data[rows].copy_(tensor)
-                seen += 1
-            if seen != len(self.places):
-                raise ValueError(f"{seen} weights for a plan of {len(self.places)}: every tensor must be pushed")
+            if len(seen) != len(self.places):
+                raise ValueError(f"every tensor must be pushed; missing {sorted(self.places.keys() - seen)[:5]}")
             for path in self.processed:
                 module = modules[path]
                 if path in fresh:
@@ -229,32 +234,45 @@ def eligible(worker: Any) -> str | None:
     return None
 
 
-# Each engine model's plan, once `try_plan` found it gives what vLLM's reload gives (weakly: it goes with the model).
+# Each engine model's plan once trusted, and the plan being tried at its first update with the parameters it left.
 _PLANS: WeakKeyDictionary[nn.Module, ReloadPlan] = WeakKeyDictionary()
+_TRIED: WeakKeyDictionary[nn.Module, tuple[ReloadPlan, dict[str, torch.Tensor]]] = WeakKeyDictionary()
 
 
-def try_plan(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> tuple[str | None, bool]:
-    """Runs inside the vLLM worker, right after vLLM's reload of the same `weights`: build the model's plan,
-    load `weights` by it and compare every parameter with what vLLM's reload left. Returns why the plan is not
-    kept (None: it is, `load_by_plan` uses it) and whether it changed the model (then reload it through vLLM)."""
+def load_by_new_plan(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> str | None:
+    """Runs inside the vLLM worker, whose model holds the previous weights: build the model's plan and load
+    `weights` by it, keeping a copy of every parameter it left for `confirm_plan`. Returns why there is no plan
+    (None: `weights` went in by it). Loading over the previous weights is what makes the check worth having: a
+    layer the plan would leave stale (its processing not run again) still shows the previous weights' effect."""
     reason = eligible(worker)
     if reason is not None:
-        return reason, False
+        return reason
     model = worker.model_runner.get_model()
     plan = ReloadPlan.of(model, [(name, tensor.shape) for name, tensor in weights])
     if isinstance(plan, str):
-        return plan, False
-    reloaded = parameters_of(model)
-    plan.load(weights)
-    differs = first_difference(reloaded, parameters_of(model))
+        return plan
+    try:
+        plan.load(weights)
+    except Exception as error:  # a layout the plan misread; vLLM's reload follows and puts the model right
+        return f"loading by the plan failed: {type(error).__name__}: {error}"
+    _TRIED[model] = (plan, parameters_of(model))
+    return None
+
+
+def confirm_plan(worker: Any) -> str | None:
+    """Runs inside the vLLM worker after vLLM's reload of the weights `load_by_new_plan` loaded: keep the plan if
+    it left every parameter as that reload did; else why not."""
+    model = worker.model_runner.get_model()
+    plan, by_plan = _TRIED.pop(model)
+    differs = first_difference(by_plan, parameters_of(model))
     if differs is not None:
-        return f"the plan left {differs} other than vLLM's reload does", True
+        return f"the plan left {differs} other than vLLM's reload does"
     _PLANS[model] = plan
-    return None, True
+    return None
 
 
 def load_by_plan(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside the vLLM worker: load `weights` by the plan `try_plan` kept."""
+    """Runs inside the vLLM worker: load `weights` by the plan `confirm_plan` kept."""
     _PLANS[worker.model_runner.get_model()].load(weights)
 
 

@@ -73,7 +73,7 @@ import torch
 
 from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
-from rldock.runtime.engines.cpu_weight_reload import forget_plan, load_by_plan, try_plan
+from rldock.runtime.engines.cpu_weight_reload import confirm_plan, forget_plan, load_by_new_plan, load_by_plan
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.models.moe import unfuse_experts
 from rldock.runtime.planning.cpu_kv_cache import cpu_kv_cache_bytes
@@ -569,8 +569,15 @@ class VllmRolloutEngine:
             if self.tensor_parallel_size == 1:
                 # In-process executor: the callable runs on the worker here, so the iterator
                 # reaches it as is (no pickling of tensors); each tensor is cast as it is loaded.
-                pairs = list(named_tensors)
-                self._load_in_process(lambda: ((name, tensor.to(dtype)) for name, tensor in pairs))
+                weights: Iterable[tuple[str, torch.Tensor]] = (
+                    (name, tensor.to(dtype)) for name, tensor in named_tensors
+                )
+                if self.weights_by_plan is None:  # a CPU engine's first update chooses the way (weights held at once)
+                    pairs = list(weights)
+                    self._choose_the_way(lambda: iter(pairs))
+                else:  # streamed: a gathered or merged tensor is freed once loaded
+                    rpc = load_by_plan if self.weights_by_plan else _reload_on_worker
+                    self._llm.collective_rpc(rpc, args=(weights,))
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
                 # into its own host storage first: pickling a view (of the gathered buffer, or a
@@ -586,18 +593,17 @@ class VllmRolloutEngine:
         logger.debug("vLLM weight update took %.3f s", seconds)
         return seconds
 
-    def _load_in_process(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
-        """Load `weights()` (a fresh iterator per call) into the in-process worker: by a plan of copies once the
-        first update showed it gives what vLLM's reload gives, else through vLLM's reload (cpu_weight_reload.py)."""
-        if self.weights_by_plan:
-            self._llm.collective_rpc(load_by_plan, args=(weights(),))
-            return
+    def _choose_the_way(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
+        """The first update of an in-process CPU engine: load `weights()` (a fresh iterator per call) by a plan of
+        copies over the previous weights, then through vLLM's reload, and keep the plan for later updates if
+        both left the same parameters and the same greedy generation (cpu_weight_reload.py). The engine ends
+        as vLLM's reload leaves it either way."""
+        reason = self._llm.collective_rpc(load_by_new_plan, args=(list(weights()),))[0]
+        by_plan = self._probe() if reason is None else None
         self._llm.collective_rpc(_reload_on_worker, args=(weights(),))
-        if self.weights_by_plan is not None:  # tried at the first update, and refused
-            return
-        probe = self._probe()
-        ((reason, changed),) = self._llm.collective_rpc(try_plan, args=(list(weights()),))
-        if reason is None and self._probe() != probe:
+        if reason is None:
+            reason = self._llm.collective_rpc(confirm_plan)[0]
+        if reason is None and self._probe() != by_plan:
             reason = "a greedy generation differed from vLLM's reload's"
             self._llm.collective_rpc(forget_plan)
         self.weights_by_plan = reason is None
@@ -605,19 +611,22 @@ class VllmRolloutEngine:
             logger.info(
                 "weight updates go by a plan of copies: it left the parameters and a greedy generation as vLLM's reload"
             )
-            return
-        logger.info("weight updates go through vLLM's reload: %s", reason)
-        if changed:
-            self._llm.collective_rpc(_reload_on_worker, args=(weights(),))
+        else:
+            logger.info("weight updates go through vLLM's reload: %s", reason)
 
     def _probe(self) -> list[tuple[list[int], list[float] | None]]:
         """Tokens and logprobs of a short greedy generation, drawing nothing from the engine's stream (the
         stream is put back: what the job samples next is what it would have sampled without the probe)."""
         stream = None if self._rng_state is None else self._rng_state.clone()
         prompt = list(range(1, min(_PROBE_PROMPT_TOKENS, self._vocab_size - 1) + 1))
-        (completions,) = self.sample([prompt], n=1, max_tokens=4, eos_token_id=0, seed=0, greedy=True, logprobs=True)
+        requests, params = self._requests(
+            [prompt], n=1, max_tokens=4, eos_token_id=0, seed=0, greedy=True, logprobs=True
+        )
+        # not `sample`: its sleep cycle's wake-up would push the weights again (rollout.sleep_level 2) mid-update
+        with self._own_rng():
+            (out,) = self._llm.generate(requests, params, use_tqdm=False)
         self._rng_state = stream
-        return [(c.token_ids, c.logprobs) for c in completions]
+        return [(c.token_ids, c.logprobs) for c in _completions(out, eos_token_id=0)]
 
     def shutdown(self) -> None:
         """Stop the engine and free its memory; call it last in the process.
