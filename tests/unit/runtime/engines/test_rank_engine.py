@@ -78,3 +78,21 @@ def test_the_replicas_devices_are_set_while_the_engine_starts_and_put_back_after
     assert attached == [holder.engine] and holder.held() is holder.engine
     _engine(1).start({"RLDOCK_TEST_DEVICES": "0,1"}, attach=lambda e, weights: attached.append(e))
     assert len(attached) == 1  # a replica's other rank starts nothing
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.int64])
+def test_a_published_tensor_keeps_its_bits_dtype_and_shape_as_numpy_bytes(dtype):
+    """The pool's weights travel as numpy arrays of their bytes (Ray keeps those out of band); numpy has no
+    bfloat16, so the bytes are kept, not the values. A transposed (non-contiguous) and a 0-dim tensor too."""
+    import pickle
+
+    import numpy as np
+
+    from rldock.runtime.engines.rank_engine import HostTensor
+
+    source = (torch.randn(3, 5) * 1000).to(dtype)
+    for tensor in (source, source.t(), source[0, 0]):
+        host = HostTensor.of(tensor)
+        assert host.bits.dtype == np.uint8 and host.bits.ndim == 1
+        back = pickle.loads(pickle.dumps(host, protocol=5)).tensor()
+        assert back.dtype == dtype and back.shape == tensor.shape and torch.equal(back, tensor)

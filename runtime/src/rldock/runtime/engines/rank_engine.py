@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -150,7 +152,7 @@ class RankEngine:
         kept, copy_s = {}, 0.0
         for name, tensor in named_tensors:
             started = time.perf_counter()
-            kept[name] = tensor.detach().to("cpu", copy=True)
+            kept[name] = HostTensor.of(tensor)
             copy_s += time.perf_counter() - started
             yield name, tensor
         self.published = PublishedWeights(version=-1, weights=kept, copy_s=copy_s)
@@ -165,13 +167,41 @@ class RankEngine:
 
 
 @dataclass(frozen=True)
+class HostTensor:
+    """A tensor on the host as its bytes in a numpy array, with its dtype and shape: what Ray's object store
+    keeps out of band, so that a reader on the same node maps it from shared memory instead of unpickling a
+    copy (a torch tensor goes through pickle), and reads it without copying before its own load."""
+
+    bits: np.ndarray  # (bytes,) uint8
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> HostTensor:
+        """A host copy of `tensor` (any device, any dtype: numpy has no bfloat16, so its bytes are kept)."""
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        bits = host.reshape(-1).view(torch.uint8).numpy()
+        return cls(bits=bits, dtype=str(host.dtype).removeprefix("torch."), shape=tuple(host.shape))
+
+    def tensor(self) -> torch.Tensor:
+        """The tensor, a view of the bytes (read-only where the object store maps them: the load copies it)."""
+        with warnings.catch_warnings():  # torch warns that the mapped array is not writable; nothing writes it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(self.bits).view(getattr(torch, self.dtype)).reshape(self.shape)
+
+
+@dataclass(frozen=True)
 class PublishedWeights:
     """A policy version as the rollout pool's engines load it: the full weights by Hugging Face name, on the host,
     and the seconds actor rank 0 spent copying them there."""
 
     version: int
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, HostTensor]
     copy_s: float
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) pairs as an engine's update takes them."""
+        return ((name, host.tensor()) for name, host in self.weights.items())
 
 
 @contextmanager

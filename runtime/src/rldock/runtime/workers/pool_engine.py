@@ -73,7 +73,7 @@ class PoolEngineWorker:
 
     def load_weights(self, published: PublishedWeights) -> float:
         """Policy version `published.version` into the engine; returns the seconds it took."""
-        loaded_s = self.engine.update_weights(published.weights.items())
+        loaded_s = self.engine.update_weights(published.named_tensors())
         self.policy_version = published.version
         self.last_load = {"pool_publish_copy_s": published.copy_s, "pool_weights_load_s": loaded_s}
         return loaded_s
