@@ -410,8 +410,8 @@ def test_a_rollout_pool_is_a_worker_group_of_one_device_pods_on_labelled_ray_nod
     )
 
 
-def test_a_pool_pod_is_a_workers_share_per_device_unless_sized():
-    """A pool pod holds one device: by default a worker pod's CPU and memory over its devices, at least a core."""
+def test_a_pool_pod_takes_the_workers_cpu_and_memory_unless_sized():
+    """A pool pod holds one device and `spec.cluster.pool`'s CPU and memory, else a worker pod's."""
 
     def amounts(spec: RLJobSpec) -> tuple[dict, dict]:
         workers, pool = build_ray_cluster(job=JOB, spec=spec)["spec"]["workerGroupSpecs"]
@@ -419,11 +419,10 @@ def test_a_pool_pod_is_a_workers_share_per_device_unless_sized():
 
     worker, pool = amounts(_with_pool(2, cluster={"worker": {"cpu": 32, "memory": "256Gi"}}))
     assert (worker["cpu"], worker["memory"], worker["huawei.com/Ascend910"]) == ("32", "256Gi", "8")
-    assert pool == {"cpu": "4000m", "memory": "32768Mi", "huawei.com/Ascend910": "1"}
-    _, small = amounts(_with_pool(2, cluster={"worker": {"cpu": "1500m", "memory": "3Gi"}}))
-    assert (small["cpu"], small["memory"]) == ("1000m", "384Mi")  # at least a core
-    _, sized = amounts(_with_pool(2, cluster={"pool": {"cpu": 6, "memory": "48Gi"}}))
-    assert (sized["cpu"], sized["memory"]) == ("6", "48Gi")
+    assert pool == {"cpu": "32", "memory": "256Gi", "huawei.com/Ascend910": "1"}
+    worker, sized = amounts(_with_pool(2, cluster={"pool": {"cpu": 6, "memory": "48Gi"}}))
+    assert (sized["cpu"], sized["memory"], sized["huawei.com/Ascend910"]) == ("6", "48Gi", "1")
+    assert worker["memory"] != sized["memory"]
 
 
 def test_the_pools_replicas_are_scaled_in_place_and_a_pool_added_needs_a_new_cluster():

@@ -354,8 +354,9 @@ class ClusterSpec(_Model):
     pool: PodResources | None = Field(
         default=None,
         description="Each rollout pool pod (`job.rollout.pool`: one device and one generation engine), besides "
-        "its device. Unset: a worker pod's share per device, `worker` divided by `job.resources.devices_per_node` "
-        "(at least one core), since a pool pod holds one device where a worker holds a node's.",
+        "its device. Unset: `worker`'s. Its memory must hold the engine's process and, in Ray's object store "
+        "(about 30% of the pod's memory), one published policy version: the model's parameters in the "
+        "generation dtype.",
     )
     node_selector: dict[str, Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]] = Field(
         default_factory=dict, description="Node labels every Ray pod requires."

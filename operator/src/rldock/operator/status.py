@@ -448,7 +448,7 @@ def _cluster_ready(f: RoundFacts, out: _Updates) -> _Cluster:
     pool = f.valid_spec.job.rollout.pool
     expected = (
         f"{num_workers + pool.replicas} (the trainer's {num_workers}, the rollout pool's {pool.replicas})"
-        if pool
+        if pool is not None
         else num_workers
     )
     out.set(

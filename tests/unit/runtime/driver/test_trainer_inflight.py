@@ -267,3 +267,24 @@ def test_a_resumed_iteration_reads_its_facts_from_the_dock(tmp_path) -> None:
     assert stages.facts.scores == [scores[i] for i in range(NUM_SAMPLES)]
     assert stages.facts.draws == set(range(NUM_SAMPLES // GROUP_SIZE))  # every group, for the prompt ledger
     again_dock.shutdown()
+
+
+class FactsBankDouble:
+    """A bank whose facts come in one read that the dock marks the last for its reader (Grant.drained)."""
+
+    def __init__(self) -> None:
+        self.reads, self.drained = 0, False
+
+    def get(self, state: str, columns, *, batch_size: int):
+        self.reads += 1
+        if self.drained:
+            return None
+        self.drained = True
+        rows = {"prompt_draw": torch.tensor([0, 0]), "response_length": torch.tensor([3, 5]), "score": torch.ones(2)}
+        return torch.arange(2), TensorDict(rows, batch_size=[2])
+
+
+def test_the_facts_are_read_in_one_round_trip_when_the_dock_says_those_rows_were_the_last(tmp_path) -> None:
+    bank = FactsBankDouble()
+    facts = DriverDouble(tmp_path).read_facts(bank, num_samples=2)
+    assert bank.reads == 1 and facts.response_lengths == [3, 5]

@@ -49,7 +49,7 @@ from pydantic import BaseModel
 from rldock.contract.pool_nodes import POOL_NODE_LABEL, POOL_NODE_VALUE, POOL_NODES_ENV
 from rldock.contract.runtime_cli import PREEMPT_NOTICE_FILE, preempt_argv
 from rldock.operator import naming
-from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores, quantity_amount
+from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
 from rldock.operator.builders.ray_job import output_dir
 from rldock.operator.constants import (
@@ -94,7 +94,6 @@ from rldock.operator.constants import (
 )
 
 _HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
-MEBIBYTE = 2**20
 
 
 def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults = PodDefaults()) -> dict[str, Any]:
@@ -395,15 +394,10 @@ def _dump(model: BaseModel) -> dict[str, Any]:
 
 
 def pool_pod_resources(spec: RLJobSpec) -> PodResources:
-    """A rollout pool pod's CPU and memory: `spec.cluster.pool`, else a worker pod's share per device (the
-    worker's amounts over `devices_per_node`, CPU in whole millicores and at least one core, memory in whole
-    MiB): a pool pod holds one device and its engine, where a worker holds a node's devices and its ranks."""
-    if spec.cluster.pool is not None:
-        return spec.cluster.pool
-    worker, devices = spec.cluster.worker, spec.job.resources.devices_per_node
-    millicores = max(int(quantity_amount(worker.cpu) * 1000) // devices, 1000)
-    mebibytes = int(quantity_amount(worker.memory)) // devices // MEBIBYTE
-    return PodResources(cpu=f"{millicores}m", memory=f"{mebibytes}Mi")
+    """A rollout pool pod's CPU and memory: `spec.cluster.pool`, else a worker pod's. The operator cannot size it
+    from the model (it never reads it), and a pod too small for a published version in its object store fails
+    at the first update, so the default errs large and the spec may size it down."""
+    return spec.cluster.pool if spec.cluster.pool is not None else spec.cluster.worker
 
 
 def _cpu_memory(pod: PodResources) -> dict[str, str]:

@@ -239,11 +239,17 @@ _PLANS: WeakKeyDictionary[nn.Module, ReloadPlan] = WeakKeyDictionary()
 _TRIED: WeakKeyDictionary[nn.Module, tuple[ReloadPlan, dict[str, torch.Tensor]]] = WeakKeyDictionary()
 
 
+# `load_by_new_plan`'s answer when the weights it loaded were the ones the model held (a LoRA job's first push, of
+# adapters still zero): nothing stale could show, so the check waits for an update that changes them.
+UNCHANGED = "the weights did not change"
+
+
 def load_by_new_plan(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> str | None:
     """Runs inside the vLLM worker, whose model holds the previous weights: build the model's plan and load
     `weights` by it, keeping a copy of every parameter it left for `confirm_plan`. Returns why there is no plan
-    (None: `weights` went in by it). Loading over the previous weights is what makes the check worth having: a
-    layer the plan would leave stale (its processing not run again) still shows the previous weights' effect."""
+    (None: `weights` went in by it; UNCHANGED: they were the model's already). Loading over other weights is what
+    makes the check worth having: a layer the plan would leave stale (its processing not run again) still shows
+    the previous weights' effect."""
     reason = eligible(worker)
     if reason is not None:
         return reason
@@ -251,11 +257,15 @@ def load_by_new_plan(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -
     plan = ReloadPlan.of(model, [(name, tensor.shape) for name, tensor in weights])
     if isinstance(plan, str):
         return plan
+    previous = parameters_of(model)
     try:
         plan.load(weights)
     except Exception as error:  # a layout the plan misread; vLLM's reload follows and puts the model right
         return f"loading by the plan failed: {type(error).__name__}: {error}"
-    _TRIED[model] = (plan, parameters_of(model))
+    by_plan = parameters_of(model)
+    if first_difference(previous, by_plan) is None:
+        return UNCHANGED
+    _TRIED[model] = (plan, by_plan)
     return None
 
 

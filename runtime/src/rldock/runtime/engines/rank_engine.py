@@ -148,11 +148,14 @@ class RankEngine:
             pass
 
     def _kept(self, named_tensors: Weights) -> Iterator[tuple[str, torch.Tensor]]:
-        """`named_tensors` as they are, each copied to the host on the way into `published`."""
+        """`named_tensors` as they are, each copied to the host on the way into `published`, in the dtype the
+        engines generate in (the pool's are this rank's kind: a float32 master publishes half the bytes to
+        bfloat16 engines, and an engine's own cast of them would round the same way)."""
         kept, copy_s = {}, 0.0
+        dtype = None if self.engine is None else getattr(torch, self.engine.dtype)
         for name, tensor in named_tensors:
             started = time.perf_counter()
-            kept[name] = HostTensor.of(tensor)
+            kept[name] = HostTensor.of(tensor, dtype=dtype)
             copy_s += time.perf_counter() - started
             yield name, tensor
         self.published = PublishedWeights(version=-1, weights=kept, copy_s=copy_s)
@@ -177,9 +180,10 @@ class HostTensor:
     shape: tuple[int, ...]
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> HostTensor:
-        """A host copy of `tensor` (any device, any dtype: numpy has no bfloat16, so its bytes are kept)."""
-        host = tensor.detach().to("cpu", copy=True).contiguous()
+    def of(cls, tensor: torch.Tensor, *, dtype: torch.dtype | None = None) -> HostTensor:
+        """A host copy of `tensor` (any device, any dtype: numpy has no bfloat16, so its bytes are kept), cast
+        to `dtype` when given."""
+        host = tensor.detach().to("cpu", dtype=dtype, copy=True).contiguous()
         bits = host.reshape(-1).view(torch.uint8).numpy()
         return cls(bits=bits, dtype=str(host.dtype).removeprefix("torch."), shape=tuple(host.shape))
 

@@ -73,7 +73,13 @@ import torch
 
 from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
-from rldock.runtime.engines.cpu_weight_reload import confirm_plan, forget_plan, load_by_new_plan, load_by_plan
+from rldock.runtime.engines.cpu_weight_reload import (
+    UNCHANGED,
+    confirm_plan,
+    forget_plan,
+    load_by_new_plan,
+    load_by_plan,
+)
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.models.moe import unfuse_experts
 from rldock.runtime.planning.cpu_kv_cache import cpu_kv_cache_bytes
@@ -278,9 +284,9 @@ class VllmRolloutEngine:
         self._vocab_size = int(
             model_config.get("vocab_size") or text_config.get("vocab_size", _PROBE_PROMPT_TOKENS + 2)
         )
-        # Whether weight updates go by a plan of copies (cpu_weight_reload.py): None until the first update tried
-        # it, which only an in-process CPU engine does (an accelerator's sleeps between phases, and the check's
-        # generation would wake it in the middle of an update)
+        # Whether weight updates go by a plan of copies (cpu_weight_reload.py): None until the first update that
+        # changes the weights decided it, which only an in-process CPU engine does (an accelerator's sleeps
+        # between phases, and the check's generation would wake it in the middle of an update)
         self.weights_by_plan: bool | None = None if device.engine_kind == "cpu" and tp == 1 else False
         engine_args: dict = dict(
             model=str(model_dir),
@@ -594,10 +600,10 @@ class VllmRolloutEngine:
         return seconds
 
     def _choose_the_way(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> None:
-        """The first update of an in-process CPU engine: load `weights()` (a fresh iterator per call) by a plan of
-        copies over the previous weights, then through vLLM's reload, and keep the plan for later updates if
-        both left the same parameters and the same greedy generation (cpu_weight_reload.py). The engine ends
-        as vLLM's reload leaves it either way."""
+        """The first update of an in-process CPU engine that changes its weights: load `weights()` (a fresh
+        iterator per call) by a plan of copies over the previous weights, then through vLLM's reload, and keep the
+        plan for later updates if both left the same parameters and the same greedy generation
+        (cpu_weight_reload.py). The engine ends as vLLM's reload leaves it either way."""
         reason = self._llm.collective_rpc(load_by_new_plan, args=(list(weights()),))[0]
         by_plan = self._probe() if reason is None else None
         self._llm.collective_rpc(_reload_on_worker, args=(weights(),))
@@ -606,6 +612,8 @@ class VllmRolloutEngine:
         if reason is None and self._probe() != by_plan:
             reason = "a greedy generation differed from vLLM's reload's"
             self._llm.collective_rpc(forget_plan)
+        if reason == UNCHANGED:  # decided at the first update that changes the weights
+            return
         self.weights_by_plan = reason is None
         if reason is None:
             logger.info(
