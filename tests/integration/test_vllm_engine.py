@@ -209,15 +209,17 @@ def test_a_first_update_at_sleep_level_2_checks_its_plan_without_waking_the_engi
     model, kept, pushes = _hf_model(tiny_model_dir), engine.memory, []
     engine.memory = SleepCycle(engine._llm, level=2, enabled=False)
     engine.memory.reload = lambda: pushes.append(engine.update_weights(model.state_dict().items()))
+    moved = {name: tensor + 0.01 for name, tensor in model.state_dict().items()}  # weights the engine lacks
     try:
         engine.weights_by_plan = None  # as at an engine's first update
         engine.sleep()  # at level 2 the weights are stale until pushed
-        engine.update_weights(model.state_dict().items())
+        engine.update_weights(moved.items())
         assert engine.weights_by_plan is True and pushes == [] and engine.memory.state == "weights"
         engine.generate([PROMPTS[0]], n=1, max_tokens=2, eos_token_id=EOS, seed=0)
         assert pushes == [] and engine.memory.state == "awake"  # the update's weights were not stale
     finally:
         engine.memory = kept
+        engine.update_weights(model.state_dict().items())  # the unperturbed weights again, for the tests after
 
 
 def test_engine_leaves_torch_thread_control_to_the_process(engine):
