@@ -395,8 +395,8 @@ def _dump(model: BaseModel) -> dict[str, Any]:
 
 def pool_pod_resources(spec: RLJobSpec) -> PodResources:
     """A rollout pool pod's CPU and memory: `spec.cluster.pool`, else a worker pod's. The operator cannot size it
-    from the model (it never reads it), and a pod too small for a published version in its object store fails
-    at the first update, so the default errs large and the spec may size it down."""
+    from the model (it never reads it), and a pod too small for a published version spills it from its object
+    store or is killed at the first update, so the default errs large and the spec may size it down."""
     return spec.cluster.pool if spec.cluster.pool is not None else spec.cluster.worker
 
 

@@ -240,7 +240,9 @@ _TRIED: WeakKeyDictionary[nn.Module, tuple[ReloadPlan, dict[str, torch.Tensor]]]
 
 
 # `load_by_new_plan`'s answer when the weights it loaded were the ones the model held (a LoRA job's first push, of
-# adapters still zero): nothing stale could show, so the check waits for an update that changes them.
+# adapters still zero): nothing stale could show, so the check waits for an update that changes them. Until one
+# does (a learning rate of 0, a schedule warming up from 0), every update pays the plan's load and two copies of
+# the parameters beside vLLM's reload.
 UNCHANGED = "the weights did not change"
 
 
