@@ -89,7 +89,7 @@ from rldock.runtime.planning.shapes import shape_from_hf_config
 logger = logging.getLogger(__name__)
 
 _CPU_STEP_TOKENS = 4096  # vLLM's own CPU default for prompt tokens per engine step
-_PROBE_PROMPT_TOKENS = 8  # the greedy generation that checks a weight-update plan (`_load_in_process`)
+_PROBE_PROMPT_TOKENS = 8  # the greedy generation that checks a weight-update plan (`_choose_the_way`)
 
 # Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
 # in which weights can be handed to the worker as live tensors.
